@@ -1,0 +1,78 @@
+"""The plain data that flows through one engine step.
+
+    scheduler.schedule() -> SchedulerOutput     what to compute, which blocks to move
+    runner.execute(SchedulerOutput) -> RunnerOutput   one sampled token per finished chunk
+    scheduler.update(SchedulerOutput, RunnerOutput) -> list[RequestDelta]
+
+These cross no process boundary; the wire protocol (shared/protocol.py) carries
+RequestDelta's fields to the gateway.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from shared.sampling import SamplingParams
+
+
+@dataclass(frozen=True)
+class ScheduledChunk:
+    """A run of consecutive tokens of one request to push through the model this step."""
+
+    request_id: str
+    token_ids: list[int]
+    """The tokens to compute: all_token_ids[start_position : start_position + len]."""
+    start_position: int
+    """Position of token_ids[0]; earlier positions are already in the KV cache."""
+    block_ids: list[int]
+    """The request's block table, covering start_position + len(token_ids) tokens."""
+    sample: bool
+    """True when this chunk reaches the end of the known tokens: sample the next one."""
+    sampling: SamplingParams
+    num_output_tokens: int
+    """Tokens generated so far (min_tokens masking, per-request seeded generators)."""
+    eos_token_id: int | None = None
+
+
+@dataclass(frozen=True)
+class SchedulerOutput:
+    chunks: list[ScheduledChunk]
+    blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
+    """(device block, cpu block) pairs to copy before the forward pass."""
+    blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
+    """(cpu block, device block) pairs to copy before the forward pass."""
+    blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)
+    """(src, dst) device block pairs: copy-on-write of a shared partial block."""
+    finished_request_ids: list[str] = field(default_factory=list)
+    """Requests that ended since the last step: the runner drops their state (generators)."""
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(c.token_ids) for c in self.chunks)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.chunks and not self.blocks_to_swap_out and not self.blocks_to_swap_in
+
+
+@dataclass(frozen=True)
+class RunnerOutput:
+    sampled_token_ids: dict[str, int]
+    """request_id -> the token sampled this step, for chunks with sample=True."""
+
+
+@dataclass(frozen=True)
+class RequestDelta:
+    """What one step changed for one request: the unit the engine streams out."""
+
+    request_id: str
+    new_token_ids: list[int]
+    num_prompt_tokens: int
+    num_output_tokens: int
+    num_cached_tokens: int
+    finish_reason: str | None = None
+    """None while running; "stop", "length" or "abort" once finished."""
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
