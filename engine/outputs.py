@@ -66,12 +66,15 @@ class RequestDelta:
     """What one step changed for one request: the unit the engine streams out."""
 
     request_id: str
+    """The client-visible id; the n samples of one request share it and differ by index."""
     new_token_ids: list[int]
     num_prompt_tokens: int
     num_output_tokens: int
     num_cached_tokens: int
     finish_reason: str | None = None
     """None while running; "stop", "length" or "abort" once finished."""
+    index: int = 0
+    """Which of the request's n samples (the OpenAI choice index)."""
 
     @property
     def finished(self) -> bool:
