@@ -1,0 +1,338 @@
+"""The gateway's connection to the engine process: one ZeroMQ DEALER socket, asyncio.
+
+Usage (the whole interface the rest of the gateway relies on):
+
+    client = EngineClient("tcp://127.0.0.1:5555")      # gateway_id defaults to host-pid-random
+    await client.start()            # connect + Hello/Ready handshake; raises EngineUnavailableError
+                                    # on timeout or protocol version mismatch (message names both)
+    client.model_info               # the engine's Ready: model_name, max_model_len, block_size,
+                                    # eos_token_id, num_blocks
+    client.healthy                  # False once the engine died or reported a fatal error
+
+    stream = await client.submit(AddRequest(request_id, prompt_token_ids, sampling, ...))
+    async with stream:              # leaving early (client disconnect, exception) aborts it
+        async for item in stream:   # TokenDelta (new_token_ids, index, cumulative counts) ...
+            ...                     # ... and one Finished(index, reason, usage) per sample;
+                                    # the iteration ends after all `sampling.n` Finished items
+    # Errors raised from the iterator:
+    #   RequestFailedError  the engine refused or failed this request (bad input); others go on
+    #   EngineDeadError     the engine is gone: every open stream gets it, and submit() too
+
+    await client.abort(request_id)  # safe at any time; the stream then ends with Finished("abort")
+    stats = await client.stats()    # shared.protocol.Stats (running, waiting, free blocks, ...)
+    await client.close()            # open streams get EngineDeadError("client closed")
+
+One background task reads everything the engine sends and routes each request's
+outputs to that request's asyncio.Queue; a second watches the socket's monitor
+so a dead engine (closed connection, or missed ZMTP heartbeats) is noticed even
+while no request is open. This module knows the wire protocol and nothing about
+HTTP, tokenizers or tenants.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import os
+import socket
+import uuid
+from types import TracebackType
+
+import zmq
+import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
+
+from shared.protocol import (
+    PROTOCOL_VERSION,
+    Abort,
+    AddRequest,
+    Error,
+    Finished,
+    GetStats,
+    Hello,
+    Message,
+    ProtocolError,
+    Ready,
+    Stats,
+    StepOutputs,
+    TokenDelta,
+    decode,
+    encode,
+)
+
+log = logging.getLogger("pageserve.engine_client")
+
+StreamItem = TokenDelta | Finished
+
+HEARTBEAT_IVL_MS = 1000
+"""ZMTP pings run in libzmq's I/O thread, so a busy engine still answers them."""
+HEARTBEAT_TIMEOUT_MS = 10_000
+
+
+class EngineError(Exception):
+    """Base of everything this client raises about the engine."""
+
+
+class EngineUnavailableError(EngineError):
+    """start() could not complete the handshake (no answer in time, or a version mismatch)."""
+
+
+class EngineDeadError(EngineError):
+    """The engine is gone (exited, connection lost, fatal error, or this client closed)."""
+
+
+class RequestFailedError(EngineError):
+    """The engine refused or failed this one request; the engine itself goes on."""
+
+
+class RequestStream:
+    """The outputs of one request, in order; built by EngineClient.submit()."""
+
+    def __init__(self, client: EngineClient, request_id: str, num_samples: int) -> None:
+        self.request_id = request_id
+        self.num_samples = num_samples
+        self._client = client
+        self._queue: asyncio.Queue[StreamItem | EngineError] = asyncio.Queue()
+        self._num_finished = 0
+        self._error: EngineError | None = None
+
+    @property
+    def finished(self) -> bool:
+        """True once every sample finished or the request failed: nothing more will come."""
+        return self._error is not None or self._num_finished == self.num_samples
+
+    def _put(self, item: StreamItem | EngineError) -> None:
+        self._queue.put_nowait(item)
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> StreamItem:
+        if self._error is not None:
+            raise self._error
+        if self._num_finished == self.num_samples:
+            raise StopAsyncIteration
+        item = await self._queue.get()
+        if isinstance(item, EngineError):
+            self._error = item
+            self._client._forget(self.request_id)
+            raise item
+        if isinstance(item, Finished):
+            self._num_finished += 1
+            if self._num_finished == self.num_samples:
+                self._client._forget(self.request_id)
+        return item
+
+    async def aclose(self) -> None:
+        """Abort the request in the engine unless it is over; stop routing its outputs."""
+        if not self.finished:
+            await self._client.abort(self.request_id)
+        self._client._forget(self.request_id)
+
+    async def __aenter__(self) -> RequestStream:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+
+def default_gateway_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+class EngineClient:
+    def __init__(self, address: str, gateway_id: str | None = None, *, handshake_timeout: float = 10.0) -> None:
+        self.address = address
+        self.gateway_id = gateway_id or default_gateway_id()
+        self.handshake_timeout = handshake_timeout
+        self._ctx = zmq.asyncio.Context()
+        self._sock: zmq.asyncio.Socket | None = None
+        self._monitor: zmq.asyncio.Socket | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._streams: dict[str, RequestStream] = {}
+        self._stats_waiters: collections.deque[asyncio.Future[Stats]] = collections.deque()
+        self._model_info: Ready | None = None
+        self._dead: EngineDeadError | None = None
+
+    # ----------------------------------------------------------------- lifecycle
+
+    @property
+    def model_info(self) -> Ready:
+        if self._model_info is None:
+            raise EngineUnavailableError("EngineClient.start() has not completed")
+        return self._model_info
+
+    @property
+    def healthy(self) -> bool:
+        return self._model_info is not None and self._dead is None
+
+    async def start(self) -> None:
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
+        self._sock = sock
+        # The monitor exists before connect so that no connection event is missed.
+        self._monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        sock.connect(self.address)
+        await sock.send(encode(Hello(PROTOCOL_VERSION, self.gateway_id)))
+        try:
+            frames = await asyncio.wait_for(sock.recv_multipart(), self.handshake_timeout)
+        except TimeoutError:
+            await self.close()
+            raise EngineUnavailableError(
+                f"no answer from the engine at {self.address} within {self.handshake_timeout:g} s"
+            ) from None
+        reply = self._decode_handshake(frames)
+        if isinstance(reply, Ready) and reply.protocol_version == PROTOCOL_VERSION:
+            self._model_info = reply
+        else:
+            await self.close()
+            raise EngineUnavailableError(self._handshake_refusal(reply))
+        self._tasks = [asyncio.create_task(self._read_loop()), asyncio.create_task(self._watch_loop())]
+        log.info("connected to engine at %s: model %s", self.address, reply.model_name)
+
+    def _decode_handshake(self, frames: list[bytes]) -> Message | None:
+        try:
+            return decode(frames[-1])
+        except ProtocolError as e:
+            log.error("engine handshake reply is malformed: %s", e)
+            return None
+
+    def _handshake_refusal(self, reply: Message | None) -> str:
+        if isinstance(reply, Error):
+            return f"engine at {self.address} refused the connection: {reply.message}"
+        if isinstance(reply, Ready):
+            return (f"protocol version mismatch: this gateway speaks {PROTOCOL_VERSION}, "
+                    f"the engine at {self.address} speaks {reply.protocol_version}")
+        return f"engine at {self.address} sent no valid Ready message"
+
+    async def close(self) -> None:
+        self._fail_all(EngineDeadError("engine client closed"))
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+        if self._sock is not None:
+            if self._monitor is not None:
+                self._sock.disable_monitor()
+                self._monitor.close(linger=0)
+                self._monitor = None
+            self._sock.close(linger=0)
+            self._sock = None
+        self._ctx.term()
+
+    # ----------------------------------------------------------------- requests
+
+    async def submit(self, request: AddRequest) -> RequestStream:
+        """Send the request; its outputs arrive through the returned stream."""
+        self._check_alive()
+        if request.request_id in self._streams:
+            raise ValueError(f"request id {request.request_id!r} is already in flight")
+        stream = RequestStream(self, request.request_id, request.sampling.n)
+        self._streams[request.request_id] = stream
+        await self._send(request)
+        return stream
+
+    async def abort(self, request_id: str) -> None:
+        """Ask the engine to stop a request; a no-op for unknown or finished ones, or a dead engine."""
+        stream = self._streams.get(request_id)
+        if stream is None or stream.finished or self._dead is not None:
+            return
+        await self._send(Abort([request_id]))
+
+    async def stats(self, timeout: float = 5.0) -> Stats:
+        self._check_alive()
+        waiter: asyncio.Future[Stats] = asyncio.get_running_loop().create_future()
+        # Answers come back in order on one connection, so waiters are matched first in, first out;
+        # a waiter cancelled by the timeout stays queued and its late answer is dropped.
+        self._stats_waiters.append(waiter)
+        await self._send(GetStats())
+        return await asyncio.wait_for(waiter, timeout)
+
+    @property
+    def num_open_streams(self) -> int:
+        return len(self._streams)
+
+    def _forget(self, request_id: str) -> None:
+        self._streams.pop(request_id, None)
+
+    def _check_alive(self) -> None:
+        if self._dead is not None:
+            raise self._dead
+        if self._model_info is None or self._sock is None:
+            raise EngineUnavailableError("EngineClient.start() has not completed")
+
+    async def _send(self, msg: Message) -> None:
+        assert self._sock is not None
+        await self._sock.send(encode(msg))
+
+    # ----------------------------------------------------------------- background tasks
+
+    async def _read_loop(self) -> None:
+        assert self._sock is not None
+        while True:
+            frames = await self._sock.recv_multipart()
+            try:
+                msg = decode(frames[-1])
+            except ProtocolError as e:  # never let one bad frame take the gateway down
+                log.error("dropping malformed frame from the engine: %s", e)
+                continue
+            self._dispatch(msg)
+
+    def _dispatch(self, msg: Message) -> None:
+        if isinstance(msg, StepOutputs):
+            for delta in msg.deltas:
+                self._route(delta.request_id, delta)
+            for fin in msg.finished:
+                self._route(fin.request_id, fin)
+        elif isinstance(msg, Error):
+            self._on_error(msg)
+        elif isinstance(msg, Stats):
+            while self._stats_waiters:
+                waiter = self._stats_waiters.popleft()
+                if not waiter.done():
+                    waiter.set_result(msg)
+                    break
+        else:
+            log.warning("unexpected %s from the engine ignored", type(msg).__name__)
+
+    def _route(self, request_id: str, item: StreamItem | EngineError) -> None:
+        stream = self._streams.get(request_id)
+        if stream is not None:  # outputs of an aborted, forgotten request are dropped
+            stream._put(item)
+
+    def _on_error(self, err: Error) -> None:
+        if err.kind == "engine":
+            log.error("engine reported a fatal error: %s", err.message)
+            self._fail_all(EngineDeadError(f"engine error: {err.message}"))
+        elif err.request_id is not None:
+            self._route(err.request_id, RequestFailedError(err.message))
+        else:
+            log.error("engine error about no request: %s", err.message)
+
+    async def _watch_loop(self) -> None:
+        assert self._monitor is not None
+        while True:
+            event = parse_monitor_message(await self._monitor.recv_multipart())
+            if event["event"] == zmq.EVENT_DISCONNECTED:
+                log.error("lost the connection to the engine at %s", self.address)
+                self._fail_all(EngineDeadError(f"lost the connection to the engine at {self.address}"))
+                return
+
+    def _fail_all(self, error: EngineDeadError) -> None:
+        if self._dead is None:
+            self._dead = error
+        for stream in list(self._streams.values()):
+            stream._put(error)
+        self._streams.clear()
+        while self._stats_waiters:
+            waiter = self._stats_waiters.popleft()
+            if not waiter.done():
+                waiter.set_exception(error)

@@ -1,0 +1,205 @@
+"""The wire protocol: frozen bytes, round trips, append-only evolution, garbage rejected cleanly."""
+
+from __future__ import annotations
+
+import contextlib
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shared.protocol import (
+    PROTOCOL_VERSION,
+    Abort,
+    AddRequest,
+    Error,
+    Finished,
+    GetStats,
+    Hello,
+    Message,
+    ProtocolError,
+    Ready,
+    Stats,
+    StepOutputs,
+    TokenDelta,
+    Usage,
+    decode,
+    encode,
+)
+from shared.sampling import SamplingParams
+
+SAMPLES: dict[str, Message] = {
+    "Hello": Hello(1, "gw-1"),
+    "Ready": Ready(1, "smollm2", 8192, 16, 2, 1000),
+    "AddRequest": AddRequest(
+        "req-1", [1, 2, 300], SamplingParams(temperature=0.0, max_tokens=8, stop_token_ids=(2,)),
+        priority=-1, tenant_id="acme", arrival_time=1700000000.25, weight=2.0, cache_salt="s",
+    ),
+    "Abort": Abort(["a", "b"]),
+    "StepOutputs": StepOutputs(
+        [TokenDelta("req-1", 0, [42, 70000], 3, 2, 0)], [Finished("req-1", 0, "length", Usage(3, 2, 0))], 9
+    ),
+    "Error": Error("req-1", "request", "prompt too long"),
+    "GetStats": GetStats(),
+    "Stats": Stats(1, 2, 3, 90, 100, 4, 5, 6, 7, 8, 2.5, 1),
+}
+
+# Frozen: a change here breaks every deployed peer. Append fields instead (with defaults).
+GOLDEN_HEX = {
+    "Hello": "930101a467772d31",
+    "Ready": "970201a7736d6f6c6c6d32cd20001002cd03e8",
+    "AddRequest": (
+        "9903a57265712d31930102cd012c89a16e01ab74656d7065726174757265cb0000000000000000a5746f705f70"
+        "cb3ff0000000000000a5746f705f6b00a473656564c0aa6d61785f746f6b656e7308aa6d696e5f746f6b656e73"
+        "00ae73746f705f746f6b656e5f6964739102aa69676e6f72655f656f73c2ffa461636d65cb41d954fc40100000"
+        "cb4000000000000000a173"
+    ),
+    "Abort": "920492a161a162",
+    "StepOutputs": "94059196a57265712d3100922ace000111700302009194a57265712d3100a66c656e6774689303020009",
+    "Error": "9406a57265712d31a772657175657374af70726f6d707420746f6f206c6f6e67",
+    "GetStats": "9107",
+    "Stats": "9d080102035a640405060708cb400400000000000001",
+}
+
+
+def test_protocol_version_is_one() -> None:
+    assert PROTOCOL_VERSION == 1
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLES))
+def test_golden_bytes(name: str) -> None:
+    assert encode(SAMPLES[name]).hex() == GOLDEN_HEX[name]
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLES))
+def test_round_trip(name: str) -> None:
+    assert decode(encode(SAMPLES[name])) == SAMPLES[name]
+
+
+def test_every_message_type_has_a_golden_sample() -> None:
+    from shared import protocol
+
+    assert {cls.__name__ for cls in protocol._TOP_LEVEL} == set(SAMPLES)
+
+
+def _raw(msg: Message) -> list:
+    return msgpack.unpackb(encode(msg))
+
+
+def test_extra_trailing_fields_from_a_newer_peer_are_ignored() -> None:
+    frame = msgpack.packb([*_raw(SAMPLES["Hello"]), "future field", 7])
+    assert decode(frame) == SAMPLES["Hello"]
+    nested = _raw(SAMPLES["StepOutputs"])
+    nested[1][0].append("future delta field")
+    assert decode(msgpack.packb(nested)) == SAMPLES["StepOutputs"]
+
+
+def test_sampling_keys_from_a_newer_peer_are_ignored() -> None:
+    raw = _raw(SAMPLES["AddRequest"])
+    raw[3]["frequency_penalty_v9"] = 0.5
+    assert decode(msgpack.packb(raw)) == SAMPLES["AddRequest"]
+
+
+def test_missing_trailing_fields_with_defaults_are_filled() -> None:
+    old = AddRequest("r", [5], SamplingParams())
+    raw = _raw(old)[:4]  # an older peer sent only request_id, prompt, sampling
+    assert decode(msgpack.packb(raw)) == old
+    assert decode(msgpack.packb([5, [], []])) == StepOutputs([], [], 0)
+
+
+def test_missing_required_field_is_named() -> None:
+    with pytest.raises(ProtocolError, match=r"Ready: missing field 'block_size'"):
+        decode(msgpack.packb(_raw(SAMPLES["Ready"])[:4]))
+
+
+@pytest.mark.parametrize(
+    ("name", "position", "bad", "match"),
+    [
+        ("Hello", 1, "1", r"Hello.protocol_version: expected int, got str"),
+        ("Hello", 1, True, r"Hello.protocol_version: expected int, got bool"),
+        ("Hello", 2, None, r"Hello.gateway_id: expected str"),
+        ("AddRequest", 2, [1, "x"], r"AddRequest.prompt_token_ids\[\]: expected int"),
+        ("AddRequest", 2, {"a": 1}, r"AddRequest.prompt_token_ids: expected array"),
+        ("AddRequest", 3, [1], r"AddRequest.sampling: expected map"),
+        ("AddRequest", 6, "now", r"AddRequest.arrival_time: expected float"),
+        ("Abort", 1, [b"bytes"], r"Abort.request_ids\[\]: expected str, got bytes"),
+        ("StepOutputs", 1, [[1]], r"StepOutputs.deltas: expected TokenDelta array|request_id"),
+        ("StepOutputs", 2, [["r", 0, "fine", {}]], r"StepOutputs.finished\[\].reason: expected stop"),
+        ("Error", 2, "fatal", r"Error.kind: expected request \| engine"),
+        ("Stats", 11, "2.5", r"Stats.mean_requests_per_step: expected float"),
+    ],
+)
+def test_wrong_field_types_are_rejected_with_the_field_named(name: str, position: int, bad: object, match: str) -> None:
+    raw = _raw(SAMPLES[name])
+    raw[position] = bad
+    with pytest.raises(ProtocolError, match=match):
+        decode(msgpack.packb(raw))
+
+
+def test_integer_is_accepted_for_a_float_field() -> None:
+    raw = _raw(SAMPLES["AddRequest"])
+    raw[6] = 17
+    msg = decode(msgpack.packb(raw))
+    assert isinstance(msg, AddRequest) and msg.arrival_time == 17.0 and type(msg.arrival_time) is float
+
+
+def test_bad_sampling_is_a_protocol_error_that_names_the_request() -> None:
+    raw = _raw(SAMPLES["AddRequest"])
+    raw[3]["temperature"] = 9.0
+    with pytest.raises(ProtocolError, match=r"AddRequest.sampling.temperature: temperature must be") as e:
+        decode(msgpack.packb(raw))
+    assert e.value.request_id == "req-1"
+    raw[3]["temperature"] = "hot"
+    with pytest.raises(ProtocolError, match=r"sampling.temperature: expected float") as e:
+        decode(msgpack.packb(raw))
+    assert e.value.request_id == "req-1"
+
+
+@pytest.mark.parametrize(
+    ("frame", "match"),
+    [
+        (b"", "not a msgpack frame"),
+        (b"\xc1", "not a msgpack frame"),
+        (b"\x93\x01\x02", "not a msgpack frame"),  # array of 3 with 2 elements: truncated
+        (encode(Hello(1, "gw"))[:-1], "not a msgpack frame"),
+        (encode(Hello(1, "gw")) + b"\x00", "not a msgpack frame"),  # trailing garbage
+        (msgpack.packb(7), "expected a non-empty array"),
+        (msgpack.packb([]), "expected a non-empty array"),
+        (msgpack.packb([99, 1]), "unknown message tag 99"),
+        (msgpack.packb(["Hello", 1, "gw"]), "unknown message tag 'Hello'"),
+        (msgpack.packb([10, "r", 0, [], 1, 1, 0]), "unknown message tag 10"),  # nested types are not messages
+        (msgpack.packb({"a": 2}), "expected a non-empty array"),
+        (msgpack.packb({1: 2}), "not a msgpack frame"),  # only string map keys
+    ],
+)
+def test_garbage_frames_raise_protocol_error(frame: bytes, match: str) -> None:
+    with pytest.raises(ProtocolError, match=match):
+        decode(frame)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=200))
+def test_random_bytes_never_raise_anything_but_protocol_error(frame: bytes) -> None:
+    with contextlib.suppress(ProtocolError):
+        decode(frame)
+
+
+_leaves = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**63), 2**64 - 1), st.floats(allow_nan=True),
+    st.text(max_size=5), st.binary(max_size=5),
+)
+_values = st.recursive(
+    _leaves, lambda inner: st.lists(inner, max_size=6) | st.dictionaries(st.text(max_size=4), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(0, 13), st.lists(_values, max_size=14))
+def test_structured_garbage_never_raises_anything_but_protocol_error(tag: int, fields: list) -> None:
+    try:
+        msg = decode(msgpack.packb([tag, *fields]))
+    except ProtocolError:
+        return
+    assert decode(encode(msg)) == msg  # whatever was accepted is a valid, re-encodable message
