@@ -1,0 +1,333 @@
+"""Tenants and API keys in Redis, and the one call the gateway authenticates with.
+
+Gateway use (one store per process, built in the lifespan from the Redis pool):
+
+    store = TenantStore(redis, prefix="ps")
+    auth = await store.authenticate(bearer_token)   # AuthContext | None; raises TenancyUnavailable
+    if auth is None: -> 401 (unknown, revoked, expired after rotation grace, or tenant suspended)
+    AddRequest(priority=auth.priority, tenant_id=auth.tenant_id, weight=auth.weight, cache_salt=auth.cache_salt)
+
+Admin use (the CLI and /admin routes): create/list/show/suspend/resume/delete
+tenants, create/list/revoke/rotate keys. Every change is written to the audit
+log under the store's `actor`.
+
+Redis layout (P = prefix):
+
+    P:tenants                 set of tenant names
+    P:tenant:{name}           hash  id, name, tier, status, created_at, cache_salt
+    P:tenant:{name}:keys      set of key ids
+    P:key:{key_id}            hash  id, tenant, tenant_id, label, hash, hint, created_at, status, expires_at, rotated_to
+    P:keyhash:{sha256}        string key_id (the only path from a key to its record; PEXPIRE'd on rotation)
+
+The plaintext key exists only in `create_key`'s return value. This module
+imports nothing from the HTTP app; quota overrides live in `quota_store.py`, admission
+in `admission.py`.
+"""
+
+from __future__ import annotations
+
+import getpass
+import re
+import secrets
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from gateway.tenancy import keys
+from gateway.tenancy.audit import AuditLog
+from gateway.tenancy.errors import InvalidArgument, KeyNotFound, TenantExists, TenantNotFound
+from gateway.tenancy.redis_conn import ping, text, text_dict, unavailable_on_failure
+from gateway.tenancy.tiers import DEFAULT_TIER, TIERS, get_tier
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+ACTIVE, SUSPENDED, REVOKED = "active", "suspended", "revoked"
+
+_CREATE_TENANT = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('HSET', KEYS[1], unpack(ARGV, 2))
+redis.call('SADD', KEYS[2], ARGV[1])
+return 1
+"""
+
+_CREATE_KEY = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[2], unpack(ARGV, 2))
+redis.call('SET', KEYS[3], ARGV[1])
+redis.call('SADD', KEYS[4], ARGV[1])
+return 1
+"""
+
+# Keys derived inside the script: standalone Redis only (one lookup chain, one round trip).
+_AUTHENTICATE = """
+local kid = redis.call('GET', KEYS[1])
+if not kid then return false end
+local krec = redis.call('HGETALL', ARGV[1] .. ':key:' .. kid)
+local tname = nil
+for i = 1, #krec, 2 do if krec[i] == 'tenant' then tname = krec[i + 1] end end
+if not tname then return false end
+return {krec, redis.call('HGETALL', ARGV[1] .. ':tenant:' .. tname)}
+"""
+
+_DELETE_TENANT = """
+local P, name = ARGV[1], ARGV[2]
+local tk = P .. ':tenant:' .. name
+if redis.call('EXISTS', tk) == 0 then return 0 end
+for _, kid in ipairs(redis.call('SMEMBERS', tk .. ':keys')) do
+  local h = redis.call('HGET', P .. ':key:' .. kid, 'hash')
+  if h then redis.call('DEL', P .. ':keyhash:' .. h) end
+  redis.call('DEL', P .. ':key:' .. kid, P .. ':quota:key:' .. kid)
+end
+redis.call('DEL', tk, tk .. ':keys', P .. ':quota:tenant:' .. name)
+redis.call('SREM', P .. ':tenants', name)
+return 1
+"""
+
+
+@dataclass(frozen=True)
+class AuthContext:
+    """Who is calling: everything the gateway needs after authentication."""
+
+    tenant_id: str
+    tenant: str
+    key_id: str
+    tier: str
+    priority: int
+    """Engine priority of the tenant's tier (lower is more urgent)."""
+    weight: float
+    """Fair-share weight of the tenant's tier."""
+    cache_salt: str
+    """Per-tenant salt for prefix-cache hashes: tenants never share cached blocks."""
+
+
+@dataclass(frozen=True)
+class Tenant:
+    id: str
+    name: str
+    tier: str
+    status: str
+    created_at: float
+    cache_salt: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class KeyInfo:
+    """A key's record, never its plaintext; `hint` is "ps-...abcd"."""
+
+    id: str
+    tenant: str
+    tenant_id: str
+    label: str
+    hint: str
+    created_at: float
+    status: str
+    """"active" or "revoked"; a rotated key stays "active" until `expires_at`."""
+    expires_at: float | None
+    rotated_to: str | None
+
+    def usable(self, now: float | None = None) -> bool:
+        now = time.time() if now is None else now
+        return self.status == ACTIVE and (self.expires_at is None or self.expires_at > now)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "usable": self.usable()}
+
+
+def _tenant(raw: dict[str, str]) -> Tenant:
+    return Tenant(id=raw["id"], name=raw["name"], tier=raw["tier"], status=raw["status"],
+                  created_at=float(raw["created_at"]), cache_salt=raw["cache_salt"])
+
+
+def _key(raw: dict[str, str]) -> KeyInfo:
+    return KeyInfo(id=raw["id"], tenant=raw["tenant"], tenant_id=raw["tenant_id"], label=raw.get("label", ""),
+                   hint=raw.get("hint", ""), created_at=float(raw["created_at"]), status=raw["status"],
+                   expires_at=float(raw["expires_at"]) if raw.get("expires_at") else None,
+                   rotated_to=raw.get("rotated_to") or None)
+
+
+def default_actor() -> str:
+    try:
+        return f"cli:{getpass.getuser()}"
+    except Exception:  # no passwd entry in some containers
+        return "cli"
+
+
+class TenantStore:
+    def __init__(self, client: aioredis.Redis, prefix: str = "ps", actor: str | None = None) -> None:
+        self.redis = client
+        self.prefix = prefix
+        self.actor = actor or default_actor()
+        self.audit = AuditLog(client, prefix)
+        self._create_tenant = client.register_script(_CREATE_TENANT)
+        self._create_key = client.register_script(_CREATE_KEY)
+        self._authenticate = client.register_script(_AUTHENTICATE)
+        self._delete_tenant = client.register_script(_DELETE_TENANT)
+
+    def _k(self, *parts: str) -> str:
+        return ":".join((self.prefix, *parts))
+
+    async def ping(self) -> bool:
+        """True when Redis answers (for /health); never raises."""
+        return await ping(self.redis)
+
+    # -- authentication (the gateway's hot path) ---------------------------------
+
+    async def authenticate(self, plaintext: str) -> AuthContext | None:
+        """The caller behind a bearer key, or None if it must get 401.
+
+        None for: a malformed or unknown key, a revoked key, a rotated key
+        whose grace period is over, a suspended or deleted tenant. Raises
+        TenancyUnavailable (-> 503) when Redis cannot be reached.
+        """
+        if not keys.looks_like_key(plaintext):
+            return None
+        with unavailable_on_failure():
+            found = await self._authenticate(keys=[self._k("keyhash", keys.hash_key(plaintext))],
+                                             args=[self.prefix])
+        if not found:
+            return None
+        krec, trec = text_dict(found[0]), text_dict(found[1])
+        if krec.get("status") != ACTIVE or trec.get("status") != ACTIVE:
+            return None
+        if trec.get("id") != krec.get("tenant_id"):
+            return None  # the tenant was deleted and a new one took the name
+        tier = TIERS.get(trec.get("tier", ""), TIERS[DEFAULT_TIER])
+        return AuthContext(tenant_id=trec["id"], tenant=trec["name"], key_id=krec["id"], tier=tier.name,
+                           priority=tier.priority, weight=tier.weight, cache_salt=trec["cache_salt"])
+
+    # -- tenants -----------------------------------------------------------------
+
+    async def create_tenant(self, name: str, tier: str = DEFAULT_TIER) -> Tenant:
+        """Raises TenantExists, or InvalidArgument for a bad name or tier."""
+        if not NAME_RE.match(name):
+            raise InvalidArgument(f"tenant name {name!r}: use 1-64 letters, digits, '_', '.' or '-'")
+        get_tier(tier)
+        tenant = Tenant(id="t_" + secrets.token_hex(8), name=name, tier=tier, status=ACTIVE,
+                        created_at=time.time(), cache_salt=secrets.token_hex(16))
+        flat = [x for k, v in tenant.to_dict().items() for x in (k, str(v))]
+        with unavailable_on_failure():
+            created = await self._create_tenant(keys=[self._k("tenant", name), self._k("tenants")],
+                                                args=[name, *flat])
+        if not created:
+            raise TenantExists(name)
+        await self.audit.record(self.actor, "tenant.create", name, tier=tier, tenant_id=tenant.id)
+        return tenant
+
+    async def get_tenant(self, name: str) -> Tenant:
+        with unavailable_on_failure():
+            raw = text_dict(await self.redis.hgetall(self._k("tenant", name)))
+        if not raw:
+            raise TenantNotFound(name)
+        return _tenant(raw)
+
+    async def list_tenants(self) -> list[Tenant]:
+        with unavailable_on_failure():
+            names = sorted(text(n) for n in await self.redis.smembers(self._k("tenants")))
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for n in names:
+                    pipe.hgetall(self._k("tenant", n))
+                rows = await pipe.execute()
+        return [_tenant(text_dict(r)) for r in rows if r]
+
+    async def suspend_tenant(self, name: str) -> Tenant:
+        """Every key of the tenant stops authenticating with the next request."""
+        return await self._set_status(name, SUSPENDED, "tenant.suspend")
+
+    async def resume_tenant(self, name: str) -> Tenant:
+        return await self._set_status(name, ACTIVE, "tenant.resume")
+
+    async def _set_status(self, name: str, status: str, action: str) -> Tenant:
+        await self.get_tenant(name)
+        with unavailable_on_failure():
+            await self.redis.hset(self._k("tenant", name), "status", status)
+        await self.audit.record(self.actor, action, name)
+        return await self.get_tenant(name)
+
+    async def delete_tenant(self, name: str) -> None:
+        """Removes the tenant, its keys and its quota overrides; its usage history stays."""
+        with unavailable_on_failure():
+            deleted = await self._delete_tenant(args=[self.prefix, name])
+        if not deleted:
+            raise TenantNotFound(name)
+        await self.audit.record(self.actor, "tenant.delete", name)
+
+    # -- keys --------------------------------------------------------------------
+
+    async def create_key(self, tenant_name: str, label: str | None = None) -> tuple[str, KeyInfo]:
+        """A new key for the tenant: (plaintext shown once, its record). Raises TenantNotFound."""
+        tenant = await self.get_tenant(tenant_name)
+        plaintext = keys.new_key()
+        info = KeyInfo(id="key_" + secrets.token_hex(8), tenant=tenant.name, tenant_id=tenant.id,
+                       label=label or "", hint=keys.key_hint(plaintext), created_at=time.time(),
+                       status=ACTIVE, expires_at=None, rotated_to=None)
+        record = {k: ("" if v is None else str(v)) for k, v in asdict(info).items()}
+        record["hash"] = keys.hash_key(plaintext)
+        flat = [x for k, v in record.items() for x in (k, v)]
+        with unavailable_on_failure():
+            created = await self._create_key(
+                keys=[self._k("tenant", tenant.name), self._k("key", info.id),
+                      self._k("keyhash", record["hash"]), self._k("tenant", tenant.name, "keys")],
+                args=[info.id, *flat])
+        if not created:
+            raise TenantNotFound(tenant_name)
+        await self.audit.record(self.actor, "key.create", info.id, tenant=tenant.name, label=info.label)
+        return plaintext, info
+
+    async def get_key(self, key_id: str) -> KeyInfo:
+        with unavailable_on_failure():
+            raw = text_dict(await self.redis.hgetall(self._k("key", key_id)))
+        if not raw:
+            raise KeyNotFound(key_id)
+        return _key(raw)
+
+    async def list_keys(self, tenant_name: str) -> list[KeyInfo]:
+        await self.get_tenant(tenant_name)
+        with unavailable_on_failure():
+            ids = sorted(text(i) for i in await self.redis.smembers(self._k("tenant", tenant_name, "keys")))
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for key_id in ids:
+                    pipe.hgetall(self._k("key", key_id))
+                rows = await pipe.execute()
+        return sorted((_key(text_dict(r)) for r in rows if r), key=lambda k: k.created_at)
+
+    async def revoke_key(self, key_id: str) -> KeyInfo:
+        """The key stops authenticating at once."""
+        info = await self.get_key(key_id)
+        with unavailable_on_failure():
+            key_hash = await self.redis.hget(self._k("key", key_id), "hash")
+            async with self.redis.pipeline(transaction=True) as pipe:
+                pipe.hset(self._k("key", key_id), "status", REVOKED)
+                if key_hash:
+                    pipe.delete(self._k("keyhash", text(key_hash)))
+                await pipe.execute()
+        await self.audit.record(self.actor, "key.revoke", key_id, tenant=info.tenant)
+        return await self.get_key(key_id)
+
+    async def rotate_key(self, key_id: str, grace_s: float = 3600.0) -> tuple[str, KeyInfo]:
+        """A new key for the same tenant and label; the old one keeps working for `grace_s` seconds.
+
+        Redis expires the old key's lookup entry itself, so every gateway stops
+        accepting it at the same moment. grace_s=0 revokes the old key at once.
+        """
+        if grace_s < 0:
+            raise InvalidArgument(f"grace must be >= 0 seconds, got {grace_s}")
+        old = await self.get_key(key_id)
+        if not old.usable():
+            raise InvalidArgument(f"API key {key_id!r} is revoked or expired; create a new key instead")
+        plaintext, new = await self.create_key(old.tenant, old.label)
+        if grace_s == 0:
+            await self.revoke_key(key_id)
+        else:
+            with unavailable_on_failure():
+                key_hash = text(await self.redis.hget(self._k("key", key_id), "hash"))
+                async with self.redis.pipeline(transaction=True) as pipe:
+                    pipe.pexpire(self._k("keyhash", key_hash), max(1, int(grace_s * 1000)))
+                    pipe.hset(self._k("key", key_id), mapping={"expires_at": repr(time.time() + grace_s),
+                                                               "rotated_to": new.id})
+                    await pipe.execute()
+        await self.audit.record(self.actor, "key.rotate", key_id, new_key_id=new.id, grace_s=grace_s)
+        return plaintext, new
