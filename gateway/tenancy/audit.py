@@ -49,7 +49,7 @@ class AuditLog:
         with unavailable_on_failure():
             rows = await self._redis.xrevrange(self._key, count=limit)
         entries = []
-        for entry_id, raw in reversed(rows):
+        for entry_id, raw in reversed(list(rows or [])):
             f = text_dict(raw)
             entries.append(AuditEntry(id=text(entry_id), at=float(f.get("at", 0)), actor=f.get("actor", ""),
                                       action=f.get("action", ""), target=f.get("target", ""),
