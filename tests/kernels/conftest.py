@@ -1,0 +1,39 @@
+"""Kernel tests run the Triton kernels in the interpreter on the CPU.
+
+Triton reads TRITON_INTERPRET when a kernel is decorated (module import), so the
+variable is set here, before any test module imports kernels.*; a kernel module
+that some earlier test imported in compiled mode is reloaded.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+os.environ["TRITON_INTERPRET"] = "1"
+
+_KERNEL_MODULES = (
+    "kernels.checks",
+    "kernels.merge_splits",
+    "kernels.paged_attention",
+    "kernels.write_kv",
+    "kernels.copy_blocks",
+)
+
+
+def _reload_compiled_kernels() -> None:
+    from triton.runtime.interpreter import InterpretedFunction
+
+    stale = False
+    for name in _KERNEL_MODULES:
+        module = sys.modules.get(name)
+        if module is None:
+            continue
+        jitted = [v for k, v in vars(module).items() if k.startswith("_") and k.endswith("_kernel")]
+        stale = stale or any(not isinstance(k, InterpretedFunction) for k in jitted)
+        if stale:  # dependants hold references to their imports: reload in dependency order
+            importlib.reload(module)
+
+
+_reload_compiled_kernels()
