@@ -1,0 +1,30 @@
+"""The gateway's configuration: one frozen dataclass, built once by `gateway/server.py`.
+
+Values learned at start-up (the engine's model name and context length, the
+tokenizer) live in the lifespan state, never written back here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    engine_address: str = "tcp://127.0.0.1:5555"
+    """ZeroMQ address the engine listens on (tcp://host:port or ipc://path)."""
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    """Tenants, hashed API keys and quotas live here."""
+    model: str = "smollm2"
+    """Model spec for `resolve_model`: the tokenizer comes from the same folder the engine uses."""
+    host: str = "127.0.0.1"
+    port: int = 8000
+    redis_prefix: str = "ps"
+    """Namespace of every Redis key the tenancy store touches."""
+    engine_connect_timeout_s: float = 180.0
+    """How long start-up waits for the engine's handshake (it may still be loading the model)."""
+    engine_retry_interval_s: float = 1.0
+    """How often a lost engine connection is retried while the gateway runs."""
+    completion_default_max_tokens: int = 16
+    """`/v1/completions` without max_tokens (OpenAI's default); chat uses the room left in the context."""
+    log_level: str = "info"

@@ -1,0 +1,198 @@
+"""One admitted request in flight: engine token deltas in, text deltas per choice out.
+
+Owns the life of a request after validation: `admit` (the one place a request
+is let in), `submit` to the engine, `deltas()` turning each sample's tokens into
+text (incremental detokenizer + stop strings), and `close` (the one place a
+request ends: abort in the engine if it is still running, then settle usage).
+`close` is idempotent and is called from exactly one `finally` per request,
+whether it finished, hit a stop string, failed, or its client went away.
+
+Usage counts what the client was given: prompt tokens once (not times n), and
+per sample the generated tokens consumed up to its end (for a stop string, up
+to the token that completed it; for a cut stream, up to the cut).
+
+It knows nothing about HTTP or OpenAI's JSON shapes; it never imports torch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from gateway.detokenizer import IncrementalDetokenizer, Tokenizer
+from gateway.engine_client import EngineDeadError, EngineError, RequestFailedError, RequestStream
+from gateway.errors import APIError, EngineUnavailable, InternalError, InvalidRequest
+from gateway.stop_strings import StopStringMatcher
+from shared.protocol import AddRequest, Finished, TokenDelta
+from shared.sampling import SamplingParams
+
+
+class Engine(Protocol):
+    """What a generation needs from `EngineClient` (a fake in unit tests)."""
+
+    async def submit(self, request: AddRequest) -> RequestStream: ...
+
+
+class Caller(Protocol):
+    """Who is asking: the authenticated key's context (tenancy's AuthContext)."""
+
+    @property
+    def tenant_id(self) -> str: ...
+    @property
+    def priority(self) -> int: ...
+    @property
+    def weight(self) -> float: ...
+    @property
+    def cache_salt(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class ChoiceDelta:
+    index: int
+    text: str
+    finish_reason: str | None = None
+    """"stop" or "length" on the last delta of a choice."""
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass
+class _Sample:
+    detok: IncrementalDetokenizer
+    stops: StopStringMatcher
+    finish_reason: str | None = None
+
+
+@dataclass
+class Generation:
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    stop: Sequence[str]
+    caller: Caller
+    tokenizer: Tokenizer
+    arrival_time: float = field(default_factory=time.time)
+    usage: Usage = field(init=False)
+    _samples: list[_Sample] = field(init=False)
+    _stream: RequestStream | None = field(init=False, default=None)
+    _closed: bool = field(init=False, default=False)
+
+    def __post_init__(self) -> None:
+        self.usage = Usage(prompt_tokens=len(self.prompt_token_ids))
+        self._samples = [
+            _Sample(IncrementalDetokenizer(self.tokenizer, self.prompt_token_ids), StopStringMatcher(self.stop))
+            for _ in range(self.sampling.n)
+        ]
+
+    async def admit(self) -> None:
+        """The one place a request is let in (after tokenizing, before the engine sees it).
+
+        Quota admission (tenancy) hooks in here and raises a 429 `APIError` to refuse.
+        """
+
+    async def settle(self) -> None:
+        """The one place a finished request's usage is recorded (called once, from `close`).
+
+        `self.usage` is exactly what the client was sent; quota settlement hooks in here.
+        """
+
+    async def submit(self, engine: Engine) -> None:
+        request = AddRequest(
+            request_id=self.request_id,
+            prompt_token_ids=self.prompt_token_ids,
+            sampling=self.sampling,
+            priority=self.caller.priority,
+            tenant_id=self.caller.tenant_id,
+            arrival_time=self.arrival_time,
+            weight=self.caller.weight,
+            cache_salt=self.caller.cache_salt,
+        )
+        try:
+            self._stream = await engine.submit(request)
+        except EngineError as e:
+            raise _as_api_error(e) from None
+
+    async def deltas(self) -> AsyncIterator[ChoiceDelta]:
+        """Text per choice as it becomes final; ends once every choice has finished."""
+        assert self._stream is not None, "submit() first"
+        try:
+            async for item in self._stream:
+                sample = self._samples[item.index]
+                if sample.finish_reason is not None:
+                    continue  # n > 1: this sample hit a stop string, the others go on
+                out = self._on_delta(sample, item) if isinstance(item, TokenDelta) else self._on_finished(sample, item)
+                for delta in out:
+                    yield delta
+                if all(s.finish_reason is not None for s in self._samples):
+                    return
+        except EngineError as e:
+            raise _as_api_error(e) from None
+
+    def _on_delta(self, sample: _Sample, item: TokenDelta) -> list[ChoiceDelta]:
+        self.usage.cached_tokens = item.num_cached_tokens
+        self.usage.completion_tokens += len(item.new_token_ids)
+        result = sample.stops.feed(sample.detok.push(item.new_token_ids))
+        out = [ChoiceDelta(item.index, result.text)] if result.text else []
+        if result.stopped:
+            sample.finish_reason = "stop"
+            out.append(ChoiceDelta(item.index, "", "stop"))
+        return out
+
+    def _on_finished(self, sample: _Sample, item: Finished) -> list[ChoiceDelta]:
+        if item.reason == "abort":
+            # We abort only samples already finished (skipped above): the engine gave up on it.
+            raise EngineUnavailable("the engine aborted the request (it is shutting down)", code="engine_abort")
+        self.usage.cached_tokens = item.usage.cached_tokens
+        sample.finish_reason = item.reason
+        tail = sample.stops.flush()
+        return [ChoiceDelta(item.index, tail, item.reason)]
+
+    async def close(self) -> None:
+        """End the request: abort it in the engine if still running, then settle. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self._stream is not None:
+                await self._stream.aclose()
+        finally:
+            await self.settle()
+
+
+def _as_api_error(e: EngineError) -> APIError:
+    if isinstance(e, RequestFailedError):
+        return InternalError(f"the engine failed this request: {e}", code="engine_request_error")
+    if isinstance(e, EngineDeadError):
+        return EngineUnavailable(f"the engine is unavailable: {e}", code="engine_unavailable")
+    return EngineUnavailable(str(e), code="engine_unavailable")
+
+
+def check_context(
+    num_prompt_tokens: int, max_tokens: int, max_model_len: int, prompt_param: str, max_param: str
+) -> None:
+    """Prompt plus requested output must fit the model's context: a 400 that says the limits."""
+    if num_prompt_tokens >= max_model_len:
+        raise InvalidRequest(
+            f"the prompt has {num_prompt_tokens} tokens; this model's context is {max_model_len} tokens "
+            f"and prompt + {max_param} must not exceed it",
+            param=prompt_param,
+            code="context_length_exceeded",
+        )
+    if num_prompt_tokens + max_tokens > max_model_len:
+        raise InvalidRequest(
+            f"prompt ({num_prompt_tokens} tokens) + {max_param} ({max_tokens}) = "
+            f"{num_prompt_tokens + max_tokens} exceeds this model's context of {max_model_len} tokens",
+            param=max_param,
+            code="context_length_exceeded",
+        )

@@ -1,0 +1,103 @@
+"""OpenAI's JSON shapes for responses and stream chunks, built from plain values.
+
+Owns the exact field layout of `chat.completion`, `chat.completion.chunk`,
+`text_completion` (also its stream chunks) and `usage`. One `ResponseFormat`
+per request keeps `id`, `created` and `model` constant across every chunk.
+It knows nothing about the engine, tokenizers or HTTP.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from gateway.generation import Usage
+
+Endpoint = Literal["chat", "completion"]
+
+
+def new_request_id(endpoint: Endpoint) -> str:
+    return ("chatcmpl-" if endpoint == "chat" else "cmpl-") + uuid.uuid4().hex
+
+
+def usage_body(usage: Usage) -> dict[str, Any]:
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+    }
+
+
+@dataclass(frozen=True)
+class ResponseFormat:
+    endpoint: Endpoint
+    request_id: str
+    model: str
+    include_usage: bool = False
+    """Streaming only: every chunk carries "usage": null and a last chunk carries the usage."""
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    # ------------------------------------------------------------------ streaming
+
+    def role_chunk(self, index: int) -> dict[str, Any]:
+        """The first chunk of a chat choice announces the role."""
+        assert self.endpoint == "chat"
+        return self._chunk([self._choice(index, {"role": "assistant", "content": ""}, None)])
+
+    def text_chunk(self, index: int, text: str) -> dict[str, Any]:
+        return self._chunk([self._choice(index, {"content": text} if self.endpoint == "chat" else text, None)])
+
+    def finish_chunk(self, index: int, finish_reason: str) -> dict[str, Any]:
+        return self._chunk([self._choice(index, {} if self.endpoint == "chat" else "", finish_reason)])
+
+    def usage_chunk(self, usage: Usage) -> dict[str, Any]:
+        chunk = self._chunk([])
+        chunk["usage"] = usage_body(usage)
+        return chunk
+
+    def _chunk(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        chunk: dict[str, Any] = {
+            "id": self.request_id,
+            "object": "chat.completion.chunk" if self.endpoint == "chat" else "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
+        if self.include_usage:
+            chunk["usage"] = None
+        return chunk
+
+    def _choice(self, index: int, content: dict[str, str] | str, finish_reason: str | None) -> dict[str, Any]:
+        if self.endpoint == "chat":
+            return {"index": index, "delta": content, "logprobs": None, "finish_reason": finish_reason}
+        return {"index": index, "text": content, "logprobs": None, "finish_reason": finish_reason}
+
+    # ------------------------------------------------------------------ whole response
+
+    def response(self, texts: list[str], finish_reasons: list[str], usage: Usage) -> dict[str, Any]:
+        if self.endpoint == "chat":
+            choices = [
+                {
+                    "index": i,
+                    "message": {"role": "assistant", "content": text},
+                    "logprobs": None,
+                    "finish_reason": reason,
+                }
+                for i, (text, reason) in enumerate(zip(texts, finish_reasons, strict=True))
+            ]
+        else:
+            choices = [
+                {"index": i, "text": text, "logprobs": None, "finish_reason": reason}
+                for i, (text, reason) in enumerate(zip(texts, finish_reasons, strict=True))
+            ]
+        return {
+            "id": self.request_id,
+            "object": "chat.completion" if self.endpoint == "chat" else "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+            "usage": usage_body(usage),
+        }

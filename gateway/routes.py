@@ -1,0 +1,83 @@
+"""The HTTP endpoints: thin functions that authenticate, parse, tokenize and hand off.
+
+    POST /v1/chat/completions   chat messages -> chat template -> tokens -> serving
+    POST /v1/completions        prompt (text or token ids) -> tokens -> serving
+    GET  /v1/models             the one model the engine serves
+    GET  /health                engine and Redis status (no key needed)
+
+Authentication comes first, so an unauthenticated body is never even parsed.
+"""
+
+from __future__ import annotations
+
+import time
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from gateway.auth import authenticate
+from gateway.errors import NotFound
+from gateway.schemas import GenerationSettings, parse_chat, parse_completion, parse_json
+from gateway.serving import PromptInput, serve
+from gateway.sse import SSEResponse
+from gateway.state import GatewayState, get_state
+
+
+async def chat_completions(request: Request) -> Response | SSEResponse:
+    state = get_state(request)
+    caller = await authenticate(request, state.store)
+    chat = parse_chat(parse_json(await request.body()))
+    _check_model(state, chat.settings)
+    token_ids = await state.prompts.chat(chat.messages)
+    prompt = PromptInput(token_ids, param="messages")
+    return await serve(request, state, "chat", chat.settings, prompt, caller)
+
+
+async def completions(request: Request) -> Response | SSEResponse:
+    state = get_state(request)
+    caller = await authenticate(request, state.store)
+    completion = parse_completion(parse_json(await request.body()))
+    _check_model(state, completion.settings)
+    token_ids = await state.prompts.completion(completion.prompt)
+    prompt = PromptInput(token_ids, param="prompt")
+    return await serve(request, state, "completion", completion.settings, prompt, caller)
+
+
+async def models(request: Request) -> Response:
+    state = get_state(request)
+    await authenticate(request, state.store)
+    info = state.engine_client().model_info
+    created = int(time.time())
+    return JSONResponse({
+        "object": "list",
+        "data": [{"id": info.model_name, "object": "model", "created": created, "owned_by": "pageserve",
+                  "max_model_len": info.max_model_len}],
+    })
+
+
+async def health(request: Request) -> Response:
+    state = get_state(request)
+    client = state.engine.client
+    redis_ok = await state.redis.ping()
+    engine = {"healthy": client is not None}
+    if client is not None:
+        engine["model"] = client.model_info.model_name  # type: ignore[assignment]
+    ok = client is not None and redis_ok
+    body = {"status": "ok" if ok else "unavailable", "engine": engine, "redis": {"healthy": redis_ok}}
+    return JSONResponse(body, status_code=200 if ok else 503)
+
+
+def _check_model(state: GatewayState, settings: GenerationSettings) -> None:
+    info = state.engine_client().model_info
+    if settings.model not in state.served_model_names(info):
+        raise NotFound(f"the model {settings.model!r} does not exist; this server serves {info.model_name!r}",
+                       param="model", code="model_not_found")
+
+
+ROUTES = [
+    Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+    Route("/v1/completions", completions, methods=["POST"]),
+    Route("/v1/models", models, methods=["GET"]),
+    Route("/health", health, methods=["GET"]),
+]

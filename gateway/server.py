@@ -1,0 +1,60 @@
+"""`pageserve gateway`: build the config from flags and environment, serve with uvicorn.
+
+    pageserve gateway --engine tcp://127.0.0.1:5555 --redis-url redis://127.0.0.1:6379/0 \\
+                      --host 127.0.0.1 --port 8000 --model smollm2
+
+Every flag has a PAGESERVE_* environment variable (flags win), so systemd units
+can use an EnvironmentFile. Logic lives in the app; this is the entry point only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from gateway.config import GatewayConfig
+
+DEFAULTS = GatewayConfig()
+
+
+def parse_args(argv: list[str]) -> GatewayConfig:
+    env = os.environ.get
+    p = argparse.ArgumentParser(prog="pageserve gateway", description="OpenAI-compatible HTTP gateway")
+    p.add_argument("--engine", default=env("PAGESERVE_ENGINE", DEFAULTS.engine_address),
+                   help="ZeroMQ address of the engine (env PAGESERVE_ENGINE)")
+    p.add_argument("--redis-url", default=env("PAGESERVE_REDIS_URL", DEFAULTS.redis_url),
+                   help="Redis holding tenants and hashed keys (env PAGESERVE_REDIS_URL)")
+    p.add_argument("--host", default=env("PAGESERVE_HOST", DEFAULTS.host))
+    p.add_argument("--port", type=int, default=int(env("PAGESERVE_PORT", str(DEFAULTS.port))))
+    p.add_argument("--model", default=env("PAGESERVE_MODEL", DEFAULTS.model),
+                   help="model spec for the tokenizer; must be what the engine serves (env PAGESERVE_MODEL)")
+    p.add_argument("--redis-prefix", default=env("PAGESERVE_REDIS_PREFIX", DEFAULTS.redis_prefix))
+    p.add_argument("--engine-timeout", type=float, default=DEFAULTS.engine_connect_timeout_s,
+                   help="seconds to wait for the engine at start-up")
+    p.add_argument("--log-level", default=env("PAGESERVE_LOG_LEVEL", DEFAULTS.log_level))
+    a = p.parse_args(argv)
+    return GatewayConfig(
+        engine_address=a.engine,
+        redis_url=a.redis_url,
+        model=a.model,
+        host=a.host,
+        port=a.port,
+        redis_prefix=a.redis_prefix,
+        engine_connect_timeout_s=a.engine_timeout,
+        log_level=a.log_level,
+    )
+
+
+def main(argv: list[str]) -> int:
+    import logging
+
+    import uvicorn
+
+    from gateway.app import create_app
+
+    config = parse_args(argv)
+    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # access_log off: request lines carry no keys, but per-token streams make it noise at load.
+    uvicorn.run(create_app(config), host=config.host, port=config.port, log_level=config.log_level,
+                access_log=False, lifespan="on", timeout_graceful_shutdown=5)
+    return 0

@@ -1,0 +1,87 @@
+"""What the lifespan owns and every route reads: built once per app, never global.
+
+`GatewayState` holds the engine link, the tokenizer, the tenancy store and the
+Redis pool. `open_services(config)` builds the real ones and tears them down in
+reverse; unit tests pass their own factory with fakes to `create_app`. It knows
+nothing about routes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from starlette.requests import Request
+
+from gateway.auth import KeyStore
+from gateway.config import GatewayConfig
+from gateway.errors import EngineUnavailable
+from gateway.generation import Engine
+from gateway.prompts import Prompts
+from shared.protocol import Ready, Stats
+
+
+class EngineHandle(Engine, Protocol):
+    """A connected engine client (`EngineClient`)."""
+
+    @property
+    def model_info(self) -> Ready: ...
+    async def stats(self, timeout: float = 5.0) -> Stats: ...
+
+
+class EngineSource(Protocol):
+    """Where the current engine client comes from (`EngineLink`)."""
+
+    @property
+    def client(self) -> EngineHandle | None: ...
+
+
+class HealthCheck(Protocol):
+    async def ping(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class GatewayState:
+    config: GatewayConfig
+    engine: EngineSource
+    prompts: Prompts
+    store: KeyStore
+    redis: HealthCheck
+    """Anything with `async ping() -> bool` (the tenancy store's Redis check)."""
+
+    def engine_client(self) -> EngineHandle:
+        """The live engine client, or a 503 for this request."""
+        client = self.engine.client
+        if client is None:
+            raise EngineUnavailable("the engine is not reachable; retry shortly", code="engine_unavailable")
+        return client
+
+    def served_model_names(self, info: Ready) -> set[str]:
+        return {info.model_name, self.config.model}
+
+
+def get_state(request: Request) -> GatewayState:
+    state: Any = request.state.gateway
+    assert isinstance(state, GatewayState)
+    return state
+
+
+@contextlib.asynccontextmanager
+async def open_services(config: GatewayConfig) -> AsyncIterator[GatewayState]:
+    """The real services: tokenizer, Redis pool + tenancy store, engine link (waits for the engine)."""
+    from gateway.engine_link import EngineLink
+    from gateway.tenancy.redis_conn import connect
+    from gateway.tenancy.store import TenantStore
+
+    prompts = await Prompts.load(config.model)
+    redis = connect(config.redis_url)
+    store = TenantStore(redis, prefix=config.redis_prefix, actor="gateway")
+    link = EngineLink(config.engine_address, retry_interval_s=config.engine_retry_interval_s)
+    try:
+        await link.start(config.engine_connect_timeout_s)
+        yield GatewayState(config=config, engine=link, prompts=prompts, store=store, redis=store)
+    finally:
+        await link.close()
+        await redis.aclose()
