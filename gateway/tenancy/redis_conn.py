@@ -24,16 +24,24 @@ from gateway.tenancy.errors import TenancyUnavailable
 UNREACHABLE = (RedisConnectionError, RedisTimeoutError, ConnectionError, TimeoutError, OSError)
 
 
-def connect(url: str, *, timeout_s: float = 0.5, max_connections: int = 256) -> aioredis.Redis:
-    """An async client with text replies and fail-fast timeouts (no network I/O happens here)."""
-    return aioredis.Redis.from_url(
+def connect(url: str, *, timeout_s: float = 1.0, max_connections: int = 32) -> aioredis.Redis:
+    """An async client with text replies and fail-fast timeouts (no network I/O happens here).
+
+    The pool is blocking and small: Redis runs scripts one at a time, so more
+    connections add no throughput, and a burst of requests waits a moment for
+    a pooled connection instead of opening hundreds of sockets at once (which
+    on a busy host times out connecting).
+    """
+    pool = aioredis.BlockingConnectionPool.from_url(
         url,
         decode_responses=True,
         socket_connect_timeout=timeout_s,
         socket_timeout=max(timeout_s, 2.0),
         retry=Retry(NoBackoff(), 0),
         max_connections=max_connections,
+        timeout=max(timeout_s, 2.0),  # waiting for a free pooled connection
     )
+    return aioredis.Redis.from_pool(pool)
 
 
 @contextmanager

@@ -6,7 +6,10 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.tenancy import TenantStore, connect
+from gateway.tenancy import AuthContext, TenantStore, connect
+from gateway.tenancy.admission import Admission
+from gateway.tenancy.quota import LIMIT_FIELDS
+from gateway.tenancy.quota_store import QuotaStore
 
 
 @pytest.fixture
@@ -30,3 +33,23 @@ async def client(redis_url: str) -> AsyncIterator[aioredis.Redis]:
 @pytest.fixture
 async def store(client: aioredis.Redis, prefix: str) -> TenantStore:
     return TenantStore(client, prefix, actor="test")
+
+
+async def make_tenant(store: TenantStore, name: str = "acme", tier: str = "standard",
+                      **limits: int | None) -> tuple[str, AuthContext]:
+    """A tenant with one key, its tier defaults replaced by `limits` (every other limit unlimited)."""
+    await store.create_tenant(name, tier)
+    plaintext, _ = await store.create_key(name)
+    changes: dict[str, int | None | str] = {f: None for f in LIMIT_FIELDS}
+    changes.update(limits)
+    await QuotaStore(store).set(name, None, changes)
+    auth = await store.authenticate(plaintext)
+    assert auth is not None
+    return plaintext, auth
+
+
+@pytest.fixture
+async def admission(client: aioredis.Redis, prefix: str) -> AsyncIterator[Admission]:
+    adm = Admission(client, prefix)
+    yield adm
+    await adm.aclose()

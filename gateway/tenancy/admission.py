@@ -1,0 +1,246 @@
+"""Admission: one atomic quota check per request, and its settlement exactly once.
+
+Gateway use, one admission point and one settlement `finally` per request:
+
+    admission = Admission(redis, prefix="ps")                 # in the lifespan
+    ticket = await admission.admit(auth, prompt_tokens, n * max_tokens)
+        # raises QuotaExceeded (-> 429: exc.body(), exc.headers) or TenancyUnavailable (-> 503)
+    response.headers.update(ticket.headers)                   # x-ratelimit-* on admitted requests too
+    try: ... stream ...
+    finally: await ticket.settle(prompt_tokens, completion_tokens_sent, cached_tokens, error=failed)
+
+`admit` reserves 1 request, the exact prompt tokens and `max_tokens` (or the
+configured default cap) output tokens; nothing is charged when it refuses.
+While the ticket lives, a background task extends its concurrency lease every
+`heartbeat_s`; a gateway that dies stops extending, and its slots free
+themselves `lease_s` later. `settle` charges what the client was actually sent,
+refunds the rest of the reservation (never more), records usage, and releases
+the lease; a second settle of the same reservation changes nothing. If Redis
+is down at settle time the settlement is retried in the background.
+Nothing here imports the HTTP app.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from gateway.tenancy.errors import InvalidArgument, QuotaExceeded, TenancyUnavailable
+from gateway.tenancy.limiter_lua import ADMIT, HEARTBEAT, SETTLE
+from gateway.tenancy.redis_conn import ping, unavailable_on_failure
+from gateway.tenancy.store import AuthContext
+from gateway.tenancy.tiers import DEFAULT_TIER, TIERS
+
+log = logging.getLogger("pageserve.tenancy")
+
+_WHAT = {
+    "rpm": "requests per minute",
+    "input_tpm": "input tokens per minute",
+    "output_tpm": "output tokens per minute",
+    "concurrency": "concurrent requests",
+    "daily_tokens": "daily token budget",
+    "monthly_tokens": "monthly token budget",
+}
+
+
+@dataclass(frozen=True)
+class AdmissionConfig:
+    lease_s: float = 30.0
+    """A concurrency slot of a gateway that died is free again at most this long after its last heartbeat."""
+    heartbeat_s: float = 10.0
+    """How often a live request extends its lease (well under lease_s)."""
+    default_max_tokens: int = 4096
+    """Output tokens reserved when the request gives no max_tokens."""
+    reservation_ttl_s: float = 6 * 3600.0
+    """An unsettled reservation (its gateway died) is forgotten after this; its reservation stays charged."""
+    settled_ttl_s: float = 3600.0
+    """How long a settled reservation is remembered, so that a late second settle is a no-op."""
+    settle_retry_s: float = 300.0
+    """How long a settlement is retried in the background while Redis is unreachable."""
+
+    def __post_init__(self) -> None:
+        if not 0 < self.heartbeat_s < self.lease_s:
+            raise InvalidArgument(f"heartbeat_s ({self.heartbeat_s}) must be > 0 and < lease_s ({self.lease_s})")
+
+
+@dataclass(frozen=True)
+class Settlement:
+    status: str
+    """"settled" (now), "already" (an earlier settle did it), "unknown" (no such reservation), "deferred" (Redis down)."""
+    charged_tokens: int = 0
+    refunded_tokens: int = 0
+
+
+def format_duration(ms: int) -> str:
+    """OpenAI's reset format: "250ms", "1.5s", "6m0s", "2h3m0s"."""
+    ms = max(0, int(ms))
+    if ms < 1000:
+        return f"{ms}ms"
+    if ms < 60_000:
+        return f"{ms / 1000:.3f}".rstrip("0").rstrip(".") + "s"
+    s = ms // 1000
+    h, m, sec = s // 3600, (s % 3600) // 60, s % 60
+    return (f"{h}h" if h else "") + f"{m}m{sec}s"
+
+
+def ratelimit_headers(values: list[int]) -> dict[str, str]:
+    """x-ratelimit-{limit,remaining,reset}-{requests,tokens} from the script's six numbers (-1 = none)."""
+    headers: dict[str, str] = {}
+    for kind, (limit, remaining, reset_ms) in (("requests", values[0:3]), ("tokens", values[3:6])):
+        if limit >= 0:
+            headers[f"x-ratelimit-limit-{kind}"] = str(limit)
+            headers[f"x-ratelimit-remaining-{kind}"] = str(remaining)
+            headers[f"x-ratelimit-reset-{kind}"] = format_duration(reset_ms)
+    return headers
+
+
+def rejection(fields: list[int | str], headers: dict[str, str]) -> QuotaExceeded:
+    field, scope = str(fields[0]), str(fields[1])
+    limit, need, avail, retry_ms, fits = (int(x) for x in fields[2:7])
+    what = _WHAT[field]
+    budget = field.endswith("_tokens")
+    if not fits:
+        message = (f"Request too large for {scope}: it needs {need} against a {what} limit of {limit}, "
+                   "so it can never be admitted; reduce the prompt or max_tokens, or raise the limit.")
+    elif budget:
+        message = (f"You exceeded the {what} of {scope}: limit {limit}, remaining {avail}, this request "
+                   f"reserves {need} (prompt + max_tokens). It resets in {format_duration(retry_ms)}.")
+    elif field == "concurrency":
+        message = f"Too many concurrent requests for {scope}: limit {limit}. Please try again in 1s."
+    else:
+        message = (f"Rate limit reached for {scope} on {what}: limit {limit}, available {avail}, "
+                   f"requested {need}. Please try again in {format_duration(retry_ms)}.")
+    exc = QuotaExceeded(message=message, limit_type="tokens" if field.endswith(("tpm", "tokens")) else "requests",
+                        code="insufficient_quota" if budget else "rate_limit_exceeded",
+                        retry_after_ms=retry_ms, fits=bool(fits))
+    exc.headers = {**headers, "retry-after": str(exc.retry_after_s), "retry-after-ms": str(retry_ms)}
+    return exc
+
+
+class Admission:
+    def __init__(self, client: aioredis.Redis, prefix: str = "ps", config: AdmissionConfig | None = None) -> None:
+        self.redis = client
+        self.prefix = prefix
+        self.config = config or AdmissionConfig()
+        self._admit = client.register_script(ADMIT)
+        self._heartbeat = client.register_script(HEARTBEAT)
+        self._settle = client.register_script(SETTLE)
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def ping(self) -> bool:
+        """True when Redis answers (for /health); never raises."""
+        return await ping(self.redis)
+
+    async def admit(self, auth: AuthContext, prompt_tokens: int, max_tokens: int | None) -> Ticket:
+        """Reserve and return a ticket, or raise QuotaExceeded / TenancyUnavailable.
+
+        max_tokens: the most output tokens the request may produce in total
+        (n x max_tokens for n samples); None reserves the default cap.
+        """
+        output = self.config.default_max_tokens if max_tokens is None else max_tokens
+        if prompt_tokens < 0 or output < 0:
+            raise InvalidArgument(f"token counts must be >= 0 (prompt {prompt_tokens}, output {output})")
+        tier = TIERS.get(auth.tier, TIERS[DEFAULT_TIER])
+        rid = uuid.uuid4().hex
+        args: list[str | int] = [self.prefix, auth.tenant, auth.key_id, rid, prompt_tokens, output,
+                int(self.config.lease_s * 1000), int(self.config.reservation_ttl_s * 1000),
+                *tier.limits.as_args()]
+        with unavailable_on_failure():
+            reply = await self._admit(args=args)
+        if int(reply[0]) == 0:
+            raise rejection(list(reply[1:8]), ratelimit_headers([int(x) for x in reply[8:14]]))
+        ticket = Ticket(self, rid, auth, prompt_tokens, output, ratelimit_headers([int(x) for x in reply[1:7]]))
+        if int(reply[7]):
+            ticket._heartbeat_task = self._spawn(ticket._keep_alive())
+        return ticket
+
+    async def heartbeat(self, reservation_id: str) -> bool:
+        """Extend the reservation's leases by lease_s; False if it holds none (settled, expired or unlimited)."""
+        with unavailable_on_failure():
+            return bool(await self._heartbeat(args=[self.prefix, reservation_id, int(self.config.lease_s * 1000)]))
+
+    async def settle_reservation(self, reservation_id: str, prompt_tokens: int, completion_tokens: int,
+                                 cached_tokens: int = 0, error: bool = False) -> Settlement:
+        """Settle by id, exactly once (raises TenancyUnavailable; `Ticket.settle` retries instead)."""
+        for name, value in (("prompt", prompt_tokens), ("completion", completion_tokens), ("cached", cached_tokens)):
+            if value < 0:
+                raise InvalidArgument(f"{name} tokens must be >= 0, got {value}")
+        args: list[str | int] = [self.prefix, reservation_id, prompt_tokens, completion_tokens,
+                                 min(cached_tokens, prompt_tokens), int(error),
+                                 int(self.config.settled_ttl_s * 1000)]
+        with unavailable_on_failure():
+            status, charged, refunded = (int(x) for x in await self._settle(args=args))
+        return Settlement({1: "settled", 0: "already", -1: "unknown"}[status], charged, refunded)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def aclose(self) -> None:
+        """Stop heartbeats and pending settlement retries (lifespan shutdown)."""
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class Ticket:
+    """One admitted request: its rate-limit headers, its lease heartbeat and its settlement."""
+
+    def __init__(self, admission: Admission, reservation_id: str, auth: AuthContext, prompt_tokens: int,
+                 output_tokens: int, headers: dict[str, str]) -> None:
+        self.admission = admission
+        self.reservation_id = reservation_id
+        self.auth = auth
+        self.reserved_prompt_tokens = prompt_tokens
+        self.reserved_output_tokens = output_tokens
+        self.headers = headers
+        """x-ratelimit-* values for the response (empty kinds are unlimited)."""
+        self._heartbeat_task: asyncio.Task[None] | None = None
+
+    async def _keep_alive(self) -> None:
+        cfg = self.admission.config
+        while True:
+            await asyncio.sleep(cfg.heartbeat_s)
+            try:
+                if not await self.admission.heartbeat(self.reservation_id):
+                    log.warning("reservation %s of tenant %s lost its lease", self.reservation_id, self.auth.tenant)
+                    return
+            except TenancyUnavailable:
+                log.warning("lease heartbeat for reservation %s failed: Redis is unreachable", self.reservation_id)
+
+    async def settle(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0,
+                     error: bool = False) -> Settlement:
+        """Charge what the client was sent; idempotent; never raises for Redis being down."""
+        if self._heartbeat_task is not None:
+            self._heartbeat_task.cancel()
+            self._heartbeat_task = None
+        args = (self.reservation_id, prompt_tokens, completion_tokens, cached_tokens, error)
+        try:
+            return await self.admission.settle_reservation(*args)
+        except TenancyUnavailable:
+            log.warning("settling reservation %s deferred: Redis is unreachable", self.reservation_id)
+            self.admission._spawn(self._retry_settle(args))
+            return Settlement("deferred")
+
+    async def _retry_settle(self, args: tuple[str, int, int, int, bool]) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.admission.config.settle_retry_s
+        delay = 0.25
+        while loop.time() < deadline:
+            await asyncio.sleep(delay)
+            try:
+                await self.admission.settle_reservation(*args)
+                return
+            except TenancyUnavailable:
+                delay = min(delay * 2, 5.0)
+        log.error("gave up settling reservation %s: Redis unreachable for %.0f s; its reservation stays charged",
+                  self.reservation_id, self.admission.config.settle_retry_s)

@@ -1,0 +1,231 @@
+"""The three Lua scripts of admission: admit, heartbeat, settle. One atomic round trip each.
+
+Time is Redis's own (`TIME`), so any number of gateways on any hosts agree on
+windows, leases and calendar days. Keys are derived inside the scripts from
+the prefix and names (the budget keys depend on Redis's clock): standalone
+Redis only, not Redis Cluster.
+
+Layout (P = prefix; S = "tenant:{name}" or "key:{key_id}"):
+
+    P:quota:S                      hash  limit overrides (quota_store.py)
+    P:rl:S                         hash  token buckets: req, in, out (level) + req_t, in_t, out_t (ms)
+    P:conc:S                       zset  reservation id -> lease expiry (ms)
+    P:budget:S:d:YYYYMMDD          int   tokens charged that UTC day (reserved, then settled)
+    P:budget:S:m:YYYYMM            int   tokens charged that UTC month
+    P:resv:{id}                    hash  tenant, kid, prompt, output, day, month, settled
+    P:usage:S:YYYYMMDD             hash  requests, prompt_tokens, cached_tokens, completion_tokens, errors
+
+Per-minute limits are token buckets of capacity L refilling at L/60 per second:
+a burst admits exactly L, then the rate is L per minute. A missing bucket
+hash is a full bucket, so each hash expires 61 s after its last debit.
+"""
+
+from __future__ import annotations
+
+# Shared by admit and heartbeat: `now` in ms, UTC day and month, ms to their ends.
+_CLOCK = """
+local t = redis.call('TIME')
+local sec = tonumber(t[1])
+local now = sec * 1000 + math.floor(tonumber(t[2]) / 1000)
+"""
+
+_CALENDAR = """
+local function civil(z)  -- days since 1970-01-01 -> y, m, d (H. Hinnant)
+  z = z + 719468
+  local era = math.floor(z / 146097)
+  local doe = z - era * 146097
+  local yoe = math.floor((doe - math.floor(doe / 1460) + math.floor(doe / 36524) - math.floor(doe / 146096)) / 365)
+  local doy = doe - (365 * yoe + math.floor(yoe / 4) - math.floor(yoe / 100))
+  local mp = math.floor((5 * doy + 2) / 153)
+  local m = mp < 10 and mp + 3 or mp - 9
+  return yoe + era * 400 + (m <= 2 and 1 or 0), m, doy - math.floor((153 * mp + 2) / 5) + 1
+end
+local function days_from_civil(y, m, d)
+  if m <= 2 then y = y - 1 end
+  local era = math.floor(y / 400)
+  local yoe = y - era * 400
+  local mp = m > 2 and m - 3 or m + 9
+  local doe = yoe * 365 + math.floor(yoe / 4) - math.floor(yoe / 100) + math.floor((153 * mp + 2) / 5) + d - 1
+  return era * 146097 + doe - 719468
+end
+local days = math.floor(sec / 86400)
+local y, m, d = civil(days)
+local day, month = string.format('%04d%02d%02d', y, m, d), string.format('%04d%02d', y, m)
+local day_reset = (days + 1) * 86400000 - now
+local month_reset = days_from_civil(m == 12 and y + 1 or y, m == 12 and 1 or m + 1, 1) * 86400000 - now
+"""
+
+# ARGV: 1 prefix, 2 tenant, 3 key id, 4 reservation id, 5 prompt tokens, 6 output tokens,
+#       7 lease ms, 8 reservation ttl ms, 9..14 the tenant's tier defaults (-1 = unlimited).
+# Returns {1, hdr x6, leased (0|1)} admitted, or {0, field, scope, limit, need, available, retry_ms, fits, hdr x6}.
+# hdr = requests limit, remaining, reset ms, tokens limit, remaining, reset ms (-1 = no such limit).
+ADMIT = _CLOCK + _CALENDAR + """
+local P, tenant, kid, rid = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local prompt, output = tonumber(ARGV[5]), tonumber(ARGV[6])
+local lease_ms, resv_ttl = tonumber(ARGV[7]), tonumber(ARGV[8])
+local FIELDS = {'rpm', 'input_tpm', 'output_tpm', 'concurrency', 'daily_tokens', 'monthly_tokens'}
+
+local function limits(hkey, with_defaults)
+  local lim = {}
+  for i, f in ipairs(FIELDS) do lim[f] = with_defaults and tonumber(ARGV[8 + i]) or -1 end
+  local raw = redis.call('HGETALL', hkey)
+  for i = 1, #raw, 2 do lim[raw[i]] = tonumber(raw[i + 1]) end
+  return lim
+end
+local scopes = {{name = 'tenant', id = tenant}}
+if kid ~= '' then scopes[2] = {name = 'key', id = kid} end
+for i, s in ipairs(scopes) do
+  s.base = s.name .. ':' .. s.id
+  s.lim = limits(P .. ':quota:' .. s.base, i == 1)
+end
+
+local worst = nil
+local function fail(field, s, limit, need, avail, retry, fits)
+  -- keep the worst refusal: one that can never fit, else the longest wait
+  if worst and (worst[7] < fits or (worst[7] == fits and worst[6] >= retry)) then return end
+  worst = {field, s.name .. ' ' .. s.id, limit, need, avail, math.ceil(retry), fits}
+end
+
+local DIMS = {{'rpm', 'req', 1, 'requests'}, {'input_tpm', 'in', prompt, 'tokens'},
+              {'output_tpm', 'out', output, 'tokens'}}
+local hdr = {requests = {-1, -1, -1, 2}, tokens = {-1, -1, -1, 2}}
+for _, s in ipairs(scopes) do
+  s.rl = P .. ':rl:' .. s.base
+  s.levels = {}
+  for _, dim in ipairs(DIMS) do
+    local cap = s.lim[dim[1]]
+    if cap >= 0 then
+      local v = redis.call('HMGET', s.rl, dim[2], dim[2] .. '_t')
+      local lv = cap
+      if v[1] then lv = math.min(cap, tonumber(v[1]) + (now - tonumber(v[2])) * cap / 60000) end
+      s.levels[dim[2]] = lv
+      if dim[3] > cap then
+        fail(dim[1], s, cap, dim[3], math.floor(lv), 60000, 0)
+      elseif dim[3] > lv then
+        fail(dim[1], s, cap, dim[3], math.floor(lv), (dim[3] - lv) * 60000 / cap, 1)
+      end
+    end
+  end
+  local ccap = s.lim.concurrency
+  if ccap >= 0 then
+    s.conc = P .. ':conc:' .. s.base
+    redis.call('ZREMRANGEBYSCORE', s.conc, '-inf', now)
+    local held = redis.call('ZCARD', s.conc)
+    if held + 1 > ccap then fail('concurrency', s, ccap, 1, ccap - held, 1000, ccap > 0 and 1 or 0) end
+  end
+  s.budgets = {{'daily_tokens', P .. ':budget:' .. s.base .. ':d:' .. day, day_reset, 172800000},
+               {'monthly_tokens', P .. ':budget:' .. s.base .. ':m:' .. month, month_reset, 2764800000}}
+  for _, b in ipairs(s.budgets) do
+    local cap = s.lim[b[1]]
+    if cap >= 0 then
+      local used = tonumber(redis.call('GET', b[2]) or '0')
+      if used + prompt + output > cap then
+        fail(b[1], s, cap, prompt + output, math.max(0, cap - used), b[3], prompt + output <= cap and 1 or 0)
+      end
+    end
+  end
+end
+
+local admitted = worst == nil
+-- Headers: the tightest per-minute limit of each kind, after this request's debit if admitted.
+for _, s in ipairs(scopes) do
+  for _, dim in ipairs(DIMS) do
+    local cap, lv = s.lim[dim[1]], s.levels[dim[2]]
+    if lv then
+      if admitted then lv = lv - dim[3] end
+      local h = hdr[dim[4]]
+      local ratio = cap > 0 and lv / cap or 0
+      if ratio < h[4] then
+        h[1], h[2], h[3], h[4] = cap, math.max(0, math.floor(lv)), cap > 0 and math.ceil((cap - lv) * 60000 / cap) or 0, ratio
+      end
+    end
+  end
+end
+local headers = {hdr.requests[1], hdr.requests[2], hdr.requests[3], hdr.tokens[1], hdr.tokens[2], hdr.tokens[3]}
+if not admitted then
+  local out = {0}
+  for i = 1, 7 do out[#out + 1] = worst[i] end
+  for i = 1, 6 do out[#out + 1] = headers[i] end
+  return out
+end
+
+for _, s in ipairs(scopes) do
+  for _, dim in ipairs(DIMS) do
+    local lv = s.levels[dim[2]]
+    if lv then redis.call('HSET', s.rl, dim[2], lv - dim[3], dim[2] .. '_t', now) end
+  end
+  if next(s.levels) then redis.call('PEXPIRE', s.rl, 61000) end
+  if s.conc then
+    redis.call('ZADD', s.conc, now + lease_ms, rid)
+    if redis.call('PTTL', s.conc) < lease_ms + 1000 then redis.call('PEXPIRE', s.conc, lease_ms + 1000) end
+  end
+  for _, b in ipairs(s.budgets) do
+    redis.call('INCRBY', b[2], prompt + output)
+    redis.call('PEXPIRE', b[2], b[4])
+  end
+end
+local rk = P .. ':resv:' .. rid
+redis.call('HSET', rk, 'tenant', tenant, 'kid', kid, 'prompt', prompt, 'output', output,
+           'day', day, 'month', month, 'settled', 0, 'at', now)
+redis.call('PEXPIRE', rk, resv_ttl)
+local out = {1}
+for i = 1, 6 do out[#out + 1] = headers[i] end
+out[#out + 1] = (scopes[1].conc or (scopes[2] and scopes[2].conc)) and 1 or 0
+return out
+"""
+
+# ARGV: 1 prefix, 2 reservation id, 3 lease ms. Returns 1 if a lease was extended, else 0.
+HEARTBEAT = _CLOCK + """
+local P, rid, lease_ms = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local rec = redis.call('HMGET', P .. ':resv:' .. rid, 'tenant', 'kid', 'settled')
+if not rec[1] or rec[3] == '1' then return 0 end
+local extended = 0
+local scopes = {'tenant:' .. rec[1]}
+if rec[2] ~= '' then scopes[2] = 'key:' .. rec[2] end
+for _, base in ipairs(scopes) do
+  local z = P .. ':conc:' .. base
+  if redis.call('ZSCORE', z, rid) then
+    redis.call('ZADD', z, 'XX', now + lease_ms, rid)
+    if redis.call('PTTL', z) < lease_ms + 1000 then redis.call('PEXPIRE', z, lease_ms + 1000) end
+    extended = 1
+  end
+end
+return extended
+"""
+
+# ARGV: 1 prefix, 2 reservation id, 3 prompt, 4 completion, 5 cached, 6 error (0|1), 7 settled ttl ms.
+# Returns {status, charged_tokens, refunded_tokens}; status 1 settled now, 0 already settled, -1 unknown.
+SETTLE = """
+local P, rid = ARGV[1], ARGV[2]
+local prompt, completion, cached, err = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local rk = P .. ':resv:' .. rid
+local raw = redis.call('HGETALL', rk)
+if #raw == 0 then return {-1, 0, 0} end
+local r = {}
+for i = 1, #raw, 2 do r[raw[i]] = raw[i + 1] end
+if r.settled == '1' then return {0, 0, 0} end
+local rp, ro = tonumber(r.prompt), tonumber(r.output)
+-- Refunds are what was reserved and not used, never more than was reserved.
+local back_in, back_out = math.max(0, rp - prompt), math.max(0, ro - completion)
+local delta = (prompt + completion) - (rp + ro)
+local scopes = {'tenant:' .. r.tenant}
+if r.kid ~= '' then scopes[2] = 'key:' .. r.kid end
+for _, base in ipairs(scopes) do
+  local rl = P .. ':rl:' .. base
+  if back_in > 0 and redis.call('HEXISTS', rl, 'in') == 1 then redis.call('HINCRBYFLOAT', rl, 'in', back_in) end
+  if back_out > 0 and redis.call('HEXISTS', rl, 'out') == 1 then redis.call('HINCRBYFLOAT', rl, 'out', back_out) end
+  for _, bk in ipairs({P .. ':budget:' .. base .. ':d:' .. r.day, P .. ':budget:' .. base .. ':m:' .. r.month}) do
+    if delta ~= 0 and redis.call('EXISTS', bk) == 1 then redis.call('INCRBY', bk, delta) end
+  end
+  redis.call('ZREM', P .. ':conc:' .. base, rid)
+  local uk = P .. ':usage:' .. base .. ':' .. r.day
+  redis.call('HINCRBY', uk, 'requests', 1)
+  redis.call('HINCRBY', uk, 'prompt_tokens', prompt)
+  redis.call('HINCRBY', uk, 'cached_tokens', cached)
+  redis.call('HINCRBY', uk, 'completion_tokens', completion)
+  redis.call('HINCRBY', uk, 'errors', err)
+end
+redis.call('HSET', rk, 'settled', 1, 'prompt_used', prompt, 'completion_used', completion)
+redis.call('PEXPIRE', rk, tonumber(ARGV[7]))
+return {1, prompt + completion, back_in + back_out}
+"""
