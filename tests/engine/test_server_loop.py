@@ -1,0 +1,345 @@
+"""The engine server's loop with a fake core, in a thread: routing, aborts, garbage, shutdown.
+
+Raw DEALER sockets play the gateways, so every frame the engine sends is seen.
+The same behaviour with the real EngineCore in a real process: test_server.py.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+import zmq
+
+from engine.server import EngineInfo, EngineServer, ServerConfig
+from shared.protocol import (
+    PROTOCOL_VERSION,
+    Abort,
+    AddRequest,
+    Error,
+    GetStats,
+    Hello,
+    Message,
+    Ready,
+    Stats,
+    StepOutputs,
+    decode,
+    encode,
+)
+from shared.sampling import SamplingParams
+from tests.engine.server_fake_core import FakeCore
+
+INFO = EngineInfo("fake", max_model_len=64, block_size=4, eos_token_id=2, num_blocks=64, vocab_size=1000)
+
+
+@dataclass
+class Running:
+    server: EngineServer
+    core: FakeCore
+    thread: threading.Thread
+    exit_code: list[int]
+
+    def stop(self, timeout: float = 5.0) -> int:
+        self.server.request_stop()
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "the engine loop did not stop"
+        return self.exit_code[0]
+
+
+def start_server(grace_s: float = 0.2) -> Running:
+    core = FakeCore()
+    server = EngineServer(core, INFO, ServerConfig(listen="tcp://127.0.0.1:*", shutdown_grace_s=grace_s,
+                                                   close_linger_ms=500))
+    exit_code: list[int] = []
+    thread = threading.Thread(target=lambda: exit_code.append(server.serve()), daemon=True)
+    thread.start()
+    return Running(server, core, thread, exit_code)
+
+
+@pytest.fixture
+def engine() -> Iterator[Running]:
+    running = start_server()
+    yield running
+    if running.thread.is_alive():
+        running.core.step_gate.set()
+        running.stop()
+
+
+class Gateway:
+    """A bare DEALER: what a gateway's EngineClient does, frame by frame."""
+
+    def __init__(self, ctx: zmq.Context, address: str, hello: bool = True, version: int = PROTOCOL_VERSION) -> None:
+        self.sock = ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(address)
+        if hello:
+            self.send(Hello(version, "test-gw"))
+            self.ready = self.recv()
+
+    def send(self, msg: Message) -> None:
+        self.sock.send(encode(msg))
+
+    def recv(self, timeout_s: float = 5.0) -> Message:
+        assert self.sock.poll(int(timeout_s * 1000)), "no message from the engine"
+        return decode(self.sock.recv())
+
+    def recv_until_finished(self, request_ids: set[str]) -> list[StepOutputs]:
+        msgs: list[StepOutputs] = []
+        left = set(request_ids)
+        while left:
+            msg = self.recv()
+            assert isinstance(msg, StepOutputs), msg
+            msgs.append(msg)
+            left -= {f.request_id for f in msg.finished}
+        return msgs
+
+
+class Sockets(zmq.Context):
+    """A context whose sockets are all closed at teardown (an unclosed one would hang term())."""
+
+    opened: list[zmq.Socket]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.opened = []
+
+    def socket(self, socket_type: int, **kwargs: object) -> zmq.Socket:  # type: ignore[override]
+        sock = super().socket(socket_type, **kwargs)
+        self.opened.append(sock)
+        return sock
+
+
+@pytest.fixture
+def ctx() -> Iterator[zmq.Context]:
+    context = Sockets()
+    yield context
+    for sock in context.opened:
+        sock.close(linger=0)
+    context.term()
+
+
+def add(rid: str, max_tokens: int = 4, prompt: list[int] | None = None, n: int = 1) -> AddRequest:
+    return AddRequest(rid, [5, 6, 7] if prompt is None else prompt, SamplingParams(max_tokens=max_tokens, n=n))
+
+
+def test_hello_gets_ready_with_the_model_facts(engine: Running, ctx: zmq.Context) -> None:
+    gw = Gateway(ctx, engine.server.address)
+    assert gw.ready == Ready(PROTOCOL_VERSION, "fake", 64, 4, 2, 64)
+
+
+def test_version_mismatch_is_refused_naming_both_versions(engine: Running, ctx: zmq.Context) -> None:
+    gw = Gateway(ctx, engine.server.address, hello=False)
+    gw.send(Hello(PROTOCOL_VERSION + 1, "future-gw"))
+    reply = gw.recv()
+    assert isinstance(reply, Error) and reply.kind == "engine"
+    assert f"engine speaks version {PROTOCOL_VERSION}" in reply.message
+    assert f"'future-gw' speaks version {PROTOCOL_VERSION + 1}" in reply.message
+    gw.send(add("r"))  # a refused gateway is not admitted
+    assert "send Hello" in gw.recv().message  # type: ignore[union-attr]
+
+
+def test_deltas_stream_one_message_per_step_then_finished_with_usage(engine: Running, ctx: zmq.Context) -> None:
+    gw = Gateway(ctx, engine.server.address)
+    gw.send(add("a", max_tokens=3))
+    msgs = gw.recv_until_finished({"a"})
+    assert [[d.new_token_ids for d in m.deltas] for m in msgs] == [[[100]], [[101]], [[102]]]
+    assert [d.num_output_tokens for m in msgs for d in m.deltas] == [1, 2, 3]
+    assert len({m.step for m in msgs}) == 3
+    (fin,) = msgs[-1].finished
+    assert (fin.reason, fin.usage.prompt_tokens, fin.usage.completion_tokens) == ("length", 3, 3)
+
+
+def test_one_step_batches_all_of_a_gateways_requests_into_one_message(engine: Running, ctx: zmq.Context) -> None:
+    gw = Gateway(ctx, engine.server.address)
+    engine.core.step_gate.clear()  # hold the loop so that both requests join the same steps
+    gw.send(add("a", max_tokens=2))
+    gw.send(add("b", max_tokens=2))
+    time.sleep(0.1)
+    engine.core.step_gate.set()
+    msgs = gw.recv_until_finished({"a", "b"})
+    per_step = [sorted(d.request_id for d in m.deltas) for m in msgs]
+    assert ["a", "b"] in per_step  # a step that ran both sent them together
+
+
+def test_two_gateways_outputs_are_not_mixed(engine: Running, ctx: zmq.Context) -> None:
+    gw1, gw2 = Gateway(ctx, engine.server.address), Gateway(ctx, engine.server.address)
+    for i in range(3):
+        gw1.send(add(f"one-{i}", max_tokens=5))
+        gw2.send(add(f"two-{i}", max_tokens=4))
+    msgs1 = gw1.recv_until_finished({f"one-{i}" for i in range(3)})
+    msgs2 = gw2.recv_until_finished({f"two-{i}" for i in range(3)})
+    ids1 = {d.request_id for m in msgs1 for d in m.deltas} | {f.request_id for m in msgs1 for f in m.finished}
+    ids2 = {d.request_id for m in msgs2 for d in m.deltas} | {f.request_id for m in msgs2 for f in m.finished}
+    assert ids1 == {"one-0", "one-1", "one-2"} and ids2 == {"two-0", "two-1", "two-2"}
+    assert sum(len(m.deltas) for m in msgs1) == 15 and sum(len(m.deltas) for m in msgs2) == 12
+
+
+def test_abort_takes_effect_before_the_next_step_and_reports_usage(engine: Running, ctx: zmq.Context) -> None:
+    gw = Gateway(ctx, engine.server.address)
+    engine.core.step_gate.clear()
+    gw.send(add("long", max_tokens=1000))
+    assert engine.core.entered_step.wait(5.0)  # the loop is inside a step with "long" in it
+    gw.send(Abort(["long", "unknown-id"]))
+    time.sleep(0.05)
+    engine.core.step_gate.set()
+    first, second = gw.recv(), gw.recv()
+    assert isinstance(first, StepOutputs) and [d.num_output_tokens for d in first.deltas] == [1]
+    assert isinstance(second, StepOutputs) and second.deltas == []  # no second step ran for it
+    (fin,) = second.finished
+    assert (fin.request_id, fin.reason, fin.usage.prompt_tokens, fin.usage.completion_tokens) == ("long", "abort", 3, 1)
+    assert engine.core.aborted == ["long"]
+    gw.send(GetStats())
+    stats = gw.recv()
+    assert isinstance(stats, Stats) and stats.num_aborted == 1 and stats.num_free_blocks == 64
+    assert stats.num_steps == 1
+
+
+def test_a_gateway_cannot_abort_another_gateways_request(engine: Running, ctx: zmq.Context) -> None:
+    owner, other = Gateway(ctx, engine.server.address), Gateway(ctx, engine.server.address)
+    owner.send(add("mine", max_tokens=20))
+    first = owner.recv()
+    other.send(Abort(["mine"]))
+    msgs = [first, *owner.recv_until_finished({"mine"})]
+    assert msgs[-1].finished[0].reason == "length"  # type: ignore[union-attr]
+    assert engine.core.aborted == []
+
+
+def test_n_samples_finish_separately(engine: Running, ctx: zmq.Context) -> None:
+    gw = Gateway(ctx, engine.server.address)
+    gw.send(add("multi", max_tokens=50, n=3))
+    gw.recv()
+    gw.send(Abort(["multi"]))
+    msgs = gw.recv_until_finished({"multi"})
+    assert sorted(f.index for f in msgs[-1].finished) == [0, 1, 2]
+
+
+@pytest.mark.parametrize(
+    ("request_", "problem"),
+    [
+        (add("empty", prompt=[]), "the prompt is empty"),
+        (add("long", prompt=[1] * 64), "the prompt has 64 tokens; the model's context is 64 tokens"),
+        (add("vocab", prompt=[1, 1000]), r"prompt token ids must be in [0, 1000)"),
+        (add("neg", prompt=[-1]), r"prompt token ids must be in [0, 1000)"),
+        (add("huge", max_tokens=20_000), "max_tokens too large for the fake core"),  # the core's ValueError
+    ],
+)
+def test_bad_requests_get_a_request_error_and_the_engine_goes_on(
+    engine: Running, ctx: zmq.Context, request_: AddRequest, problem: str
+) -> None:
+    gw = Gateway(ctx, engine.server.address)
+    gw.send(request_)
+    err = gw.recv()
+    assert isinstance(err, Error) and (err.request_id, err.kind) == (request_.request_id, "request")
+    assert problem in err.message
+    gw.send(add("fine", max_tokens=1))
+    assert gw.recv_until_finished({"fine"})
+
+
+def test_duplicate_request_id_in_flight_is_refused(engine: Running, ctx: zmq.Context) -> None:
+    gw = Gateway(ctx, engine.server.address)
+    engine.core.step_gate.clear()
+    gw.send(add("dup", max_tokens=5))
+    assert engine.core.entered_step.wait(5.0)
+    gw.send(add("dup", max_tokens=5))
+    time.sleep(0.05)
+    engine.core.step_gate.set()
+    msgs = [gw.recv() for _ in range(3)]
+    errors = [m for m in msgs if isinstance(m, Error)]
+    assert len(errors) == 1 and errors[0].request_id == "dup" and "already in flight" in errors[0].message
+    outputs = [m for m in msgs if isinstance(m, StepOutputs)]
+    done = gw.recv_until_finished({"dup"})
+    assert sum(len(m.deltas) for m in outputs + done) == 5  # the first one ran undisturbed
+
+
+def test_garbage_frames_are_answered_and_survived(engine: Running, ctx: zmq.Context) -> None:
+    gw = Gateway(ctx, engine.server.address)
+    garbage = [b"", b"\xc1\xff", b"\x93\x01", encode(add("x"))[:-3], encode(Ready(1, "m", 1, 1, None, 1)),
+               b"\x92\x63\x01"]
+    for frame in garbage:
+        gw.sock.send(frame)
+    replies = [gw.recv() for _ in garbage]
+    assert all(isinstance(r, Error) and r.kind == "request" for r in replies)
+    assert "not a msgpack frame" in replies[0].message  # type: ignore[union-attr]
+    assert "a gateway may not send Ready" in replies[4].message  # type: ignore[union-attr]
+    assert "unknown message tag 99" in replies[5].message  # type: ignore[union-attr]
+    gw.sock.send_multipart([b"two", b"frames"])
+    assert "exactly one frame" in gw.recv().message  # type: ignore[union-attr]
+    gw.send(add("after", max_tokens=2))
+    assert gw.recv_until_finished({"after"})
+
+
+def test_bad_sampling_is_reported_against_its_request(engine: Running, ctx: zmq.Context) -> None:
+    import msgpack
+
+    gw = Gateway(ctx, engine.server.address)
+    raw = msgpack.unpackb(encode(add("hot")))
+    raw[3]["temperature"] = 5.0
+    gw.sock.send(msgpack.packb(raw))
+    err = gw.recv()
+    assert isinstance(err, Error) and err.request_id == "hot" and "temperature" in err.message
+
+
+def test_stop_with_requests_in_flight_aborts_them_and_tells_every_gateway(ctx: zmq.Context) -> None:
+    running = start_server(grace_s=0.3)
+    gw1, gw2 = Gateway(ctx, running.server.address), Gateway(ctx, running.server.address)
+    gw1.send(add("slow", max_tokens=9000))
+    gw1.recv()
+    t0 = time.monotonic()
+    running.server.request_stop()
+    gw2.send(add("late"))
+    late = gw2.recv()
+    assert isinstance(late, Error) and late.request_id == "late" and "shutting down" in late.message
+    running.thread.join(5.0)
+    assert running.exit_code == [0] and time.monotonic() - t0 < 2.0
+    assert running.core.aborted == ["slow"]
+    for gw in (gw1, gw2):
+        while not isinstance(msg := gw.recv(), Error):
+            pass
+        assert msg.kind == "engine" and "shutting down" in msg.message and "1 in-flight" in msg.message
+
+
+def test_stop_lets_short_requests_finish_within_the_grace_period(ctx: zmq.Context) -> None:
+    running = start_server(grace_s=5.0)
+    gw = Gateway(ctx, running.server.address)
+    gw.send(add("short", max_tokens=5))
+    gw.recv()
+    running.server.request_stop()
+    msgs = gw.recv_until_finished({"short"})
+    assert msgs[-1].finished[0].reason == "length"
+    running.thread.join(5.0)
+    assert running.exit_code == [0] and running.core.aborted == []
+
+
+def test_a_fatal_core_error_is_told_to_every_gateway_and_exits_1(ctx: zmq.Context) -> None:
+    running = start_server()
+    gws = [Gateway(ctx, running.server.address) for _ in range(2)]
+    running.core.fail_next_step = RuntimeError("CUDA fell over")
+    gws[0].send(add("boom"))
+    for gw in gws:
+        err = gw.recv()
+        assert isinstance(err, Error) and err.kind == "engine"
+        assert err.message == "engine failed: RuntimeError: CUDA fell over"
+    running.thread.join(5.0)
+    assert running.exit_code == [1]
+
+
+def test_requests_of_a_vanished_gateway_are_aborted(engine: Running, ctx: zmq.Context) -> None:
+    gw = Gateway(ctx, engine.server.address)
+    gw.send(add("orphan", max_tokens=5000))
+    gw.recv()
+    gw.sock.close(linger=0)
+    deadline = time.monotonic() + 5
+    while engine.core.aborted != ["orphan"] and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert engine.core.aborted == ["orphan"]
+
+
+def test_the_idle_loop_does_not_spin(engine: Running) -> None:
+    time.sleep(0.1)
+    cpu0 = time.thread_time()  # this thread's CPU; the engine's shows up in process time
+    p0 = time.process_time()
+    time.sleep(0.5)
+    assert time.process_time() - p0 - (time.thread_time() - cpu0) < 0.05
