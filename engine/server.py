@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import math
 import signal
 import socket
 import sys
@@ -159,9 +160,9 @@ class EngineServer:
 
     def _wait_for_io(self) -> None:
         if self.core.has_unfinished_requests():
-            timeout: float | None = 0  # work to do: only look, never wait
+            timeout: int | None = 0  # work to do: only look, never wait
         elif self._stop_deadline is not None:
-            timeout = max(0.0, self._stop_deadline - time.monotonic()) * 1000
+            timeout = math.ceil(max(0.0, self._stop_deadline - time.monotonic()) * 1000)
         else:
             timeout = None  # idle: sleep until a message or a signal arrives
         events = dict(self._poller.poll(timeout))

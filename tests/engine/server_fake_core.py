@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from engine.outputs import RequestDelta
 from engine.request import Request
+from engine.server import EngineInfo, EngineServer, ServerConfig
 from engine.step_stats import CoreCounts
 
 
@@ -59,3 +61,30 @@ class FakeCore:
     def counts(self) -> CoreCounts:
         used = sum(-(-r.num_tokens // self.block_size) for r in self.requests.values())
         return CoreCounts(len(self.requests), 0, 0, self.num_blocks - used, self.num_blocks, 0)
+
+
+INFO = EngineInfo("fake", max_model_len=64, block_size=4, eos_token_id=2, num_blocks=64, vocab_size=1000)
+
+
+@dataclass
+class Running:
+    server: EngineServer
+    core: FakeCore
+    thread: threading.Thread
+    exit_code: list[int]
+
+    def stop(self, timeout: float = 5.0) -> int:
+        self.server.request_stop()
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "the engine loop did not stop"
+        return self.exit_code[0]
+
+
+def start_server(grace_s: float = 0.2) -> Running:
+    core = FakeCore()
+    server = EngineServer(core, INFO, ServerConfig(listen="tcp://127.0.0.1:*", shutdown_grace_s=grace_s,
+                                                   close_linger_ms=500))
+    exit_code: list[int] = []
+    thread = threading.Thread(target=lambda: exit_code.append(server.serve()), daemon=True)
+    thread.start()
+    return Running(server, core, thread, exit_code)

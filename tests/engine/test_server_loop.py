@@ -6,15 +6,12 @@ The same behaviour with the real EngineCore in a real process: test_server.py.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import pytest
 import zmq
 
-from engine.server import EngineInfo, EngineServer, ServerConfig
 from shared.protocol import (
     PROTOCOL_VERSION,
     Abort,
@@ -30,33 +27,7 @@ from shared.protocol import (
     encode,
 )
 from shared.sampling import SamplingParams
-from tests.engine.server_fake_core import FakeCore
-
-INFO = EngineInfo("fake", max_model_len=64, block_size=4, eos_token_id=2, num_blocks=64, vocab_size=1000)
-
-
-@dataclass
-class Running:
-    server: EngineServer
-    core: FakeCore
-    thread: threading.Thread
-    exit_code: list[int]
-
-    def stop(self, timeout: float = 5.0) -> int:
-        self.server.request_stop()
-        self.thread.join(timeout)
-        assert not self.thread.is_alive(), "the engine loop did not stop"
-        return self.exit_code[0]
-
-
-def start_server(grace_s: float = 0.2) -> Running:
-    core = FakeCore()
-    server = EngineServer(core, INFO, ServerConfig(listen="tcp://127.0.0.1:*", shutdown_grace_s=grace_s,
-                                                   close_linger_ms=500))
-    exit_code: list[int] = []
-    thread = threading.Thread(target=lambda: exit_code.append(server.serve()), daemon=True)
-    thread.start()
-    return Running(server, core, thread, exit_code)
+from tests.engine.server_fake_core import Running, start_server
 
 
 @pytest.fixture
