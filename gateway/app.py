@@ -16,9 +16,16 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 
 from gateway.config import GatewayConfig
-from gateway.errors import APIError, api_error_handler, http_error_handler, unhandled_error_handler
+from gateway.errors import (
+    APIError,
+    api_error_handler,
+    http_error_handler,
+    tenancy_error_handler,
+    unhandled_error_handler,
+)
 from gateway.routes import ROUTES
 from gateway.state import GatewayState, open_services
+from gateway.tenancy.errors import TenancyError
 
 ServicesFactory = Callable[[GatewayConfig], AbstractAsyncContextManager[GatewayState]]
 
@@ -37,6 +44,7 @@ def create_app(config: GatewayConfig, services: ServicesFactory = open_services)
         exception_handlers={
             APIError: api_error_handler,
             HTTPException: http_error_handler,
+            TenancyError: tenancy_error_handler,
             Exception: unhandled_error_handler,
         },
     )

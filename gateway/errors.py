@@ -122,3 +122,14 @@ async def http_error_handler(request: Request, exc: Exception) -> Response:
     kind = NotFound if exc.status_code == 404 else APIError
     return kind(str(exc.detail), code="not_found" if exc.status_code == 404 else None,
                 status_code=exc.status_code).response()
+
+
+async def tenancy_error_handler(request: Request, exc: Exception) -> Response:
+    """Errors raised by gateway/tenancy: a quota refusal is a 429 with its headers, Redis down a 503."""
+    from gateway.tenancy.errors import QuotaExceeded, TenancyUnavailable
+
+    if isinstance(exc, QuotaExceeded):
+        return JSONResponse(exc.body(), status_code=429, headers=exc.headers)
+    if isinstance(exc, TenancyUnavailable):
+        return ServiceUnavailable(exc.message, code="service_unavailable").response()
+    return InternalError(str(exc), code="tenancy_error").response()

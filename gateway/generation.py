@@ -83,6 +83,10 @@ class Generation:
     caller: Caller
     tokenizer: Tokenizer
     arrival_time: float = field(default_factory=time.time)
+    response_headers: dict[str, str] = field(default_factory=dict)
+    """Sent with the response (admission puts its x-ratelimit-* headers here)."""
+    failed: bool = field(init=False, default=False)
+    """The request ended in an error (engine or internal), not by finishing or a client leaving."""
     usage: Usage = field(init=False)
     _samples: list[_Sample] = field(init=False)
     _stream: RequestStream | None = field(init=False, default=None)
@@ -137,7 +141,11 @@ class Generation:
                 if all(s.finish_reason is not None for s in self._samples):
                     return
         except EngineError as e:
+            self.failed = True
             raise _as_api_error(e) from None
+        except APIError:
+            self.failed = True
+            raise
 
     def _on_delta(self, sample: _Sample, item: TokenDelta) -> list[ChoiceDelta]:
         self.usage.cached_tokens = item.num_cached_tokens

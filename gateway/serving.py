@@ -69,7 +69,7 @@ async def serve(
         await gen.close()
         raise
     if settings.stream:
-        return SSEResponse(_stream_events(gen, fmt), on_close=gen.close)
+        return SSEResponse(_stream_events(gen, fmt), on_close=gen.close, headers=gen.response_headers)
     try:
         return await _whole_response(request, gen, fmt)
     finally:
@@ -91,6 +91,7 @@ async def _stream_events(gen: Generation, fmt: ResponseFormat) -> AsyncIterator[
         yield sse_event(e.body())
         return
     except Exception:
+        gen.failed = True
         log.exception("request %s failed mid-stream", gen.request_id)
         yield sse_event(InternalError("internal error while streaming", code="internal_error").body())
         return
@@ -134,4 +135,5 @@ async def _whole_response(request: Request, gen: Generation, fmt: ResponseFormat
     if disconnected:
         log.info("client of %s went away; aborting it", gen.request_id)
         return Response(status_code=499)  # nobody reads it; the finally aborts the engine request
-    return JSONResponse(fmt.response(["".join(t) for t in texts], reasons, gen.usage))
+    body = fmt.response(["".join(t) for t in texts], reasons, gen.usage)
+    return JSONResponse(body, headers=gen.response_headers)
