@@ -1,0 +1,73 @@
+"""Parallel sampling (n > 1): one client request becomes n internal samples.
+
+Sample i is a `Request` with id f"{client_id}#{i}" (the client id itself when
+n == 1), `n=1`, and seed `seed + i` when a seed is given: so sample i produces
+exactly what a lone request with seed `seed + i` produces. Sample 0 (the leader)
+prefills the prompt; the others wait as `pending` until the leader's prompt KV is
+written, then fork: they share its blocks covering the first P - 1 prompt tokens by
+reference count and each recomputes only the last prompt token (to sample its own
+first token), copying the shared partial block on that first write.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from engine.outputs import RequestDelta
+from engine.request import Request
+
+
+@dataclass(eq=False)
+class SampleGroup:
+    client_id: str
+    samples: list[Request]
+    pending: list[Request] = field(default_factory=list)
+    """Samples waiting for the leader's prompt; they hold no blocks and no queue slot."""
+
+    @property
+    def leader(self) -> Request:
+        return self.samples[0]
+
+    @property
+    def live(self) -> list[Request]:
+        return [s for s in self.samples if not s.status.finished]
+
+
+def sample_ids(req: Request) -> list[str]:
+    return [f"{req.request_id}#{i}" for i in range(req.sampling.n)]
+
+
+def split_samples(req: Request) -> SampleGroup:
+    n = req.sampling.n
+    if n == 1:
+        return SampleGroup(req.request_id, [req])
+    samples = []
+    for i, sample_id in enumerate(sample_ids(req)):
+        seed = None if req.sampling.seed is None else req.sampling.seed + i
+        sampling = dataclasses.replace(req.sampling, n=1, seed=seed)
+        samples.append(
+            dataclasses.replace(
+                req,
+                request_id=sample_id,
+                sampling=sampling,
+                output_token_ids=[],
+                block_ids=[],
+                num_computed_tokens=0,
+                num_cached_tokens=0,
+            )
+        )
+    return SampleGroup(req.request_id, samples, pending=samples[1:])
+
+
+def make_delta(req: Request, new_tokens: list[int], group: SampleGroup, index: int) -> RequestDelta:
+    """A sample's step result under its client-visible id and choice index."""
+    return RequestDelta(
+        request_id=group.client_id,
+        new_token_ids=new_tokens,
+        num_prompt_tokens=req.num_prompt_tokens,
+        num_output_tokens=req.num_output_tokens,
+        num_cached_tokens=req.num_cached_tokens,
+        finish_reason=req.status.value if req.status.finished else None,
+        index=index,
+    )

@@ -1,0 +1,389 @@
+"""The scheduler: who computes which tokens each step, and who gives memory back.
+
+One rule for every request (vLLM V1): each step moves `num_computed_tokens` toward
+`num_tokens` under a token budget, so prefill chunks, prefix-cache hits and decodes
+share one step. `num_computed_tokens` is advanced at schedule time (the chunk's KV
+is written by that step's forward); `update` appends the sampled token, registers
+newly full blocks in the prefix cache, and finishes requests. A finished request's
+seat is refilled by the very next `schedule()`.
+
+A step, in order:
+  0. (priority policy) an urgent waiting request that cannot fit may preempt running
+     requests at least `preemption_priority_gap` levels less urgent;
+  1. running requests, most urgent first; when one cannot get blocks, the least
+     urgent / cheapest unscheduled request is preempted (swap or recompute);
+  2. queued requests: swapped ones (resumed above a free-block watermark) before
+     waiting ones of equal or lower urgency; waiting ones in FairQueue order. Skipped
+     when step 1 preempted (anti-thrash).
+
+The runner must apply a step's block moves in this order before the forward pass:
+blocks_to_swap_out, then blocks_to_copy, then blocks_to_swap_in (a block freed by a
+swap-out may be reused by a copy or a swap-in of the same step).
+
+Pure Python: no torch, no zmq. Knows nothing of tensors or text.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from engine.block_manager import BlockManager, BlockPairs
+from engine.fair_queue import FairQueue
+from engine.outputs import RequestDelta, RunnerOutput, ScheduledChunk, SchedulerOutput
+from engine.preemption import pick_victim, plan_room, preempt_kind, victim_order
+from engine.request import Request, RequestStatus
+from engine.request_checks import RequestRejected, validate_request
+from engine.sample_group import SampleGroup, make_delta, sample_ids, split_samples
+from engine.scheduler_checks import check_scheduler
+from engine.scheduler_config import SchedulerConfig, SchedulerStats
+from engine.scheduler_counters import Counters
+from engine.stop_conditions import finish_status
+
+__all__ = ["RequestRejected", "Scheduler", "SchedulerConfig", "SchedulerStats"]
+
+
+@dataclass
+class _Step:
+    """What one schedule() call has decided so far."""
+
+    budget: int
+    chunks: list[ScheduledChunk] = field(default_factory=list)
+    swap_out: BlockPairs = field(default_factory=list)
+    swap_in: BlockPairs = field(default_factory=list)
+    copies: BlockPairs = field(default_factory=list)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        num_device_blocks: int,
+        num_cpu_blocks: int,
+        block_size: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.block_size = block_size
+        self.bm = BlockManager(num_device_blocks, num_cpu_blocks, block_size, config.enable_prefix_caching)
+        self.waiting = FairQueue(config.policy, config.aging_rate)
+        self.running: list[Request] = []
+        self.swapped: list[Request] = []
+        self._clock = clock
+        self._requests: dict[str, Request] = {}  # internal id -> live sample
+        self._groups: dict[str, SampleGroup] = {}  # client id -> its samples
+        self._sample_of: dict[str, tuple[SampleGroup, int]] = {}
+        self._seq: dict[str, int] = {}
+        self._enqueued_at: dict[str, float] = {}
+        self._admitted: set[str] = set()
+        self._next_seq = 0
+        self._finished_ids: list[str] = []
+        self._counters = Counters()
+
+    # -- requests in and out -------------------------------------------------------------
+
+    def add_request(self, req: Request) -> None:
+        """Queue a request; n > 1 is split into n samples sharing the prompt's blocks."""
+        ids = [req.request_id] if req.sampling.n == 1 else sample_ids(req)
+        if req.request_id in self._groups or any(i in self._requests for i in ids):
+            raise RequestRejected(f"request id {req.request_id!r} is already in use")
+        validate_request(req, self.config, self.bm.blocks_for, self.bm.device.num_blocks)
+        group = split_samples(req)
+        now = self._clock()
+        self._groups[group.client_id] = group
+        for i, sample in enumerate(group.samples):
+            self._requests[sample.request_id] = sample
+            self._sample_of[sample.request_id] = (group, i)
+            self._seq[sample.request_id] = self._next_seq
+            self._enqueued_at[sample.request_id] = now
+            self._next_seq += 1
+        self.waiting.push(group.leader, self._seq[group.leader.request_id], now)
+
+    def abort_requests(self, request_ids: list[str]) -> list[RequestDelta]:
+        """Abort client requests (every sample); unknown or finished ids are ignored."""
+        deltas = []
+        for client_id in request_ids:
+            group = self._groups.get(client_id)
+            if group is None:
+                continue
+            for sample in group.live:
+                where = self._sample_of[sample.request_id]
+                self._finish(sample, RequestStatus.FINISHED_ABORTED)
+                deltas.append(make_delta(sample, [], *where))
+        return deltas
+
+    def has_unfinished(self) -> bool:
+        return bool(self._requests)
+
+    # -- one step ------------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        now = self._clock()
+        step = _Step(budget=self.config.max_num_batched_tokens)
+        if self.config.policy == "priority":
+            self._preempt_for_urgent(now, step)
+        if not self._schedule_running(step):
+            self._schedule_queued(now, step)
+        out = SchedulerOutput(
+            chunks=step.chunks,
+            blocks_to_swap_out=step.swap_out,
+            blocks_to_swap_in=step.swap_in,
+            blocks_to_copy=step.copies,
+            finished_request_ids=self._finished_ids,
+        )
+        self._finished_ids = []
+        self._counters.end_step(len(step.chunks), out.num_tokens)
+        return out
+
+    def update(self, out: SchedulerOutput, runner_output: RunnerOutput) -> list[RequestDelta]:
+        """Append sampled tokens, fork pending samples, finish stopped requests."""
+        deltas = []
+        for chunk in out.chunks:
+            req = self._requests.get(chunk.request_id)
+            if req is None or req.status is not RequestStatus.RUNNING:
+                continue  # aborted since schedule()
+            self.bm.cache_full_blocks(req)
+            if not chunk.sample:
+                continue
+            token = runner_output.sampled_token_ids.get(chunk.request_id)
+            if token is None:
+                raise RuntimeError(f"the runner sampled no token for {chunk.request_id}")
+            req.output_token_ids.append(token)
+            self._fork_pending(req)
+            where = self._sample_of[req.request_id]
+            status = finish_status(req, self.config.max_model_len)
+            if status is not None:
+                self._finish(req, status)
+            deltas.append(make_delta(req, [token], *where))
+        return deltas
+
+    def _schedule_running(self, step: _Step) -> bool:
+        """Give each running request its next chunk, preempting when blocks run out.
+        Returns whether anything was preempted for memory."""
+        preempted = False
+        queue = sorted(self.running, key=self._urgency)
+        while queue and step.budget > 0:
+            req = queue.pop(0)
+            num_new = self._num_new_tokens(req, 0, step.budget)
+            copies = self.bm.allocate(req, num_new)
+            while copies is None:
+                victim = pick_victim(queue, self.config.policy, self._seq_of) or req
+                if victim is not req:
+                    queue.remove(victim)
+                self._preempt(victim, step, urgent=False)
+                preempted = True
+                if victim is req:
+                    break
+                copies = self.bm.allocate(req, num_new)
+            if copies is not None:
+                self._emit(req, num_new, copies, step)
+        return preempted
+
+    def _schedule_queued(self, now: float, step: _Step) -> None:
+        """Resume swapped requests and admit waiting ones, most urgent first."""
+        while step.budget > 0:
+            swapped = min(self.swapped, key=self._urgency, default=None)
+            waiting = self.waiting.peek(now)
+            if swapped is not None and (waiting is None or self._resume_first(swapped, waiting, now)):
+                if not self._has_seats(swapped) or not self._resume(swapped, step):
+                    return
+            elif waiting is not None:
+                if not self._has_seats(waiting) or not self._admit(waiting, step):
+                    return
+            else:
+                return
+
+    def _resume_first(self, swapped: Request, waiting: Request, now: float) -> bool:
+        if self.config.policy != "priority":
+            return self._seq_of(swapped) <= self._seq_of(waiting)
+        return swapped.priority <= self.waiting.level(waiting, now)
+
+    def _resume(self, req: Request, step: _Step) -> bool:
+        num_new = self._num_new_tokens(req, 0, step.budget)
+        after = self.bm.blocks_for(req.num_computed_tokens + num_new) - self.bm.num_swapped_blocks(req)
+        pairs = self.bm.swap_in(req, reserve=after + self._watermark(self.config.swap_in_watermark))
+        if pairs is None:
+            return False
+        copies = self.bm.allocate(req, num_new)
+        assert copies == [], "swap-in reserved the chunk's blocks"
+        step.swap_in += pairs
+        self.swapped.remove(req)
+        req.transition(RequestStatus.RUNNING)
+        self.running.append(req)
+        self._counters.swapped_in(len(pairs))
+        self._emit(req, num_new, copies, step)
+        return True
+
+    def _admit(self, req: Request, step: _Step) -> bool:
+        hit = self.bm.find_prefix(req)
+        num_new = self._num_new_tokens(req, hit.num_tokens, step.budget)
+        copies = self.bm.allocate(req, num_new, hit, reserve=self._watermark(self.config.admission_watermark))
+        if copies is None:
+            return False
+        self.waiting.remove(req)
+        req.num_computed_tokens = hit.num_tokens
+        if req.request_id not in self._admitted:
+            self._admitted.add(req.request_id)
+            req.num_cached_tokens = hit.num_tokens
+        self._counters.prefix_lookup(hit.num_tokens, req.num_tokens)
+        req.transition(RequestStatus.RUNNING)
+        self.running.append(req)
+        self._emit(req, num_new, copies, step)
+        return True
+
+    def _emit(self, req: Request, num_new: int, copies: BlockPairs, step: _Step) -> None:
+        start = req.num_computed_tokens
+        n_prompt = req.num_prompt_tokens
+        if start >= n_prompt:
+            tokens = req.output_token_ids[start - n_prompt : start - n_prompt + num_new]
+        else:
+            tokens = req.all_token_ids[start : start + num_new]
+        req.num_computed_tokens += num_new
+        chunk = ScheduledChunk(
+            request_id=req.request_id,
+            token_ids=tokens,
+            start_position=start,
+            block_ids=req.block_ids,  # the block manager replaces, never mutates, this list
+            sample=req.num_computed_tokens == req.num_tokens,
+            sampling=req.sampling,
+            num_output_tokens=req.num_output_tokens,
+            eos_token_id=req.eos_token_id,
+        )
+        step.chunks.append(chunk)
+        step.copies += copies
+        step.budget -= num_new
+        self.waiting.charge(req, num_new)
+
+    def _num_new_tokens(self, req: Request, num_cached: int, budget: int) -> int:
+        num_new = min(req.num_tokens - req.num_computed_tokens - num_cached, budget)
+        if self.config.long_prefill_token_threshold:
+            num_new = min(num_new, self.config.long_prefill_token_threshold)
+        assert num_new > 0, f"{req.request_id} has nothing to compute"
+        return num_new
+
+    # -- preemption ----------------------------------------------------------------------
+
+    def _preempt(self, victim: Request, step: _Step, urgent: bool) -> None:
+        self.running.remove(victim)
+        kind = preempt_kind(
+            self.config, self.bm.num_held(victim), victim.num_computed_tokens, self.bm.num_free_cpu_blocks
+        )
+        pairs = self.bm.swap_out(victim) if kind == "swap" else None
+        if pairs is not None:
+            step.swap_out += pairs
+            victim.transition(RequestStatus.SWAPPED)
+            self.swapped.append(victim)
+        else:
+            self.bm.free(victim, forget=False)
+            victim.num_computed_tokens = 0
+            victim.transition(RequestStatus.WAITING)
+            rid = victim.request_id
+            self.waiting.push(victim, self._seq[rid], self._enqueued_at[rid])
+        self._counters.preempted(pairs, urgent)
+
+    def _preempt_for_urgent(self, now: float, step: _Step) -> None:
+        """Make room for the head of the queue by preempting requests far less urgent."""
+        req = self.waiting.peek(now)
+        if req is None or not self.running:
+            return
+        hit = self.bm.find_prefix(req)
+        num_new = self._num_new_tokens(req, hit.num_tokens, step.budget)
+        growth = sum(self.bm.blocks_for(r.num_tokens) - self.bm.num_held(r) for r in self.running)
+        short_blocks = (
+            self.bm.num_new_blocks(req, num_new, hit)
+            + growth
+            + self._watermark(self.config.admission_watermark)
+            - self.bm.num_free_device_blocks
+        )
+        short_seats = self._seats_needed(req) - self._free_seats()
+        if short_blocks <= 0 and short_seats <= 0:
+            return
+        gap = self.config.preemption_priority_gap
+        candidates = [r for r in self.running if r.priority - req.priority >= gap]
+        candidates.sort(key=victim_order(self.config.policy, self._seq_of))
+        victims = plan_room(candidates, short_blocks, short_seats, self._room_freed_by)
+        for victim in victims:
+            self._preempt(victim, step, urgent=True)
+
+    def _room_freed_by(self, victim: Request) -> tuple[int, int]:
+        """(blocks, seats) preempting `victim` makes available, its own growth included."""
+        growth = self.bm.blocks_for(victim.num_tokens) - self.bm.num_held(victim)
+        return self.bm.num_reclaimable(victim) + growth, 1 + self._pending_count(victim)
+
+    # -- seats, order, finishing ---------------------------------------------------------
+
+    def _pending_count(self, req: Request) -> int:
+        group, index = self._sample_of[req.request_id]
+        return len(group.pending) if index == 0 else 0
+
+    def _seats_needed(self, req: Request) -> int:
+        return 1 + self._pending_count(req)
+
+    def _free_seats(self) -> int:
+        reserved = sum(self._pending_count(r) for r in self.running)
+        return self.config.max_num_seqs - len(self.running) - reserved
+
+    def _has_seats(self, req: Request) -> bool:
+        return self._seats_needed(req) <= self._free_seats()
+
+    def _watermark(self, fraction: float) -> int:
+        # A lone request must always fit, or it would wait forever for memory nobody holds.
+        return int(fraction * self.bm.device.num_blocks) if self.running else 0
+
+    def _seq_of(self, req: Request) -> int:
+        return self._seq[req.request_id]
+
+    def _urgency(self, req: Request) -> tuple[int, int]:
+        priority = req.priority if self.config.policy == "priority" else 0
+        return (priority, self._seq[req.request_id])
+
+    def _fork_pending(self, leader: Request) -> None:
+        group, index = self._sample_of[leader.request_id]
+        if index != 0 or not group.pending:
+            return
+        shared = leader.num_prompt_tokens - 1
+        for follower in group.pending:
+            self.bm.fork(leader, follower, shared)
+            follower.num_computed_tokens = shared
+            follower.num_cached_tokens = leader.num_cached_tokens
+            self._admitted.add(follower.request_id)
+            follower.transition(RequestStatus.RUNNING)
+            self.running.append(follower)
+        group.pending = []
+
+    def _finish(self, req: Request, status: RequestStatus) -> None:
+        rid = req.request_id
+        group, _ = self._sample_of[rid]
+        if req.status is RequestStatus.RUNNING:
+            self.running.remove(req)
+        elif req.status is RequestStatus.SWAPPED:
+            self.swapped.remove(req)
+        elif not self.waiting.remove(req):
+            group.pending.remove(req)
+        req.transition(status)
+        self.bm.free(req)
+        del self._requests[rid]
+        for d in (self._seq, self._enqueued_at):
+            del d[rid]
+        self._admitted.discard(rid)
+        self._finished_ids.append(rid)
+        if not group.live:
+            del self._groups[group.client_id]
+            for sample in group.samples:
+                del self._sample_of[sample.request_id]
+
+    # -- observability -------------------------------------------------------------------
+
+    def stats(self) -> SchedulerStats:
+        pending = sum(len(g.pending) for g in self._groups.values())
+        return self._counters.snapshot(
+            running=len(self.running),
+            waiting=len(self.waiting) + pending,
+            swapped=len(self.swapped),
+            bm=self.bm,
+        )
+
+    def check_invariants(self) -> None:
+        """Assert block accounting and every request's state agree (tests call it every step)."""
+        check_scheduler(self)

@@ -1,0 +1,103 @@
+"""The scheduler's knobs (`SchedulerConfig`) and what it reports (`SchedulerStats`).
+
+Both are plain data: the config is frozen and validated once; the scheduler
+never writes back into it. Values derived at start-up (how many KV blocks fit)
+are passed to the scheduler separately. Pure Python: no torch, no zmq.
+
+Priority convention (vLLM's): a LOWER integer is MORE urgent; 0 is the default.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+PreemptionMode = Literal["swap", "recompute", "auto"]
+Policy = Literal["priority", "fcfs"]
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = 64
+    """Most requests (samples) running at once; also bounds the number of decodes in a step."""
+    max_num_batched_tokens: int = 2048
+    """Token budget of one step: prefill chunks and decodes together."""
+    max_model_len: int = 2048
+    """Prompt plus output never exceeds this; a request reaching it finishes with "length"."""
+    enable_prefix_caching: bool = True
+    """Reuse the KV of full blocks whose (salted, chained) hash matches an earlier request's."""
+    policy: Policy = "priority"
+    """"priority": order by (aged) priority, fair share, arrival; urgent requests may preempt.
+    "fcfs": arrival order only, priorities ignored (the baseline of `pageserve bench priority`)."""
+    preemption_priority_gap: int = 1
+    """A waiting request preempts a running one only if it is at least this many levels more
+    urgent (by static priority), and only when memory or seats are short."""
+    aging_rate: float = 0.1
+    """Priority levels a queued request gains per second waited (0 disables aging): at 0.1 a
+    request gains one level every 10 s, so the least urgent class never starves."""
+    preemption_mode: PreemptionMode = "auto"
+    """How a victim gives back its blocks: copy them to the CPU pool ("swap"), drop them and
+    re-prefill later ("recompute"), or choose per victim by estimated cost ("auto"). A swap
+    falls back to recompute when the CPU pool is full."""
+    swap_in_watermark: float = 0.02
+    """Fraction of device blocks that must stay free after a swapped request is resumed
+    (ignored when nothing runs, so a lone request always resumes)."""
+    admission_watermark: float = 0.01
+    """Fraction of device blocks kept free when admitting a new request (room for decodes)."""
+    swap_seconds_per_block: float = 2e-4
+    """Cost model for "auto": seconds to copy one block one way between device and CPU."""
+    recompute_seconds_per_token: float = 1.5e-3
+    """Cost model for "auto": seconds to recompute one token's KV (one forward of one token)."""
+    long_prefill_token_threshold: int = 0
+    """Largest prefill chunk one request gets per step (0: only the step budget limits it);
+    a cap keeps decodes of other requests flowing while a long prompt is prefilled."""
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ValueError("max_num_seqs must be at least 1")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError("max_num_batched_tokens must be at least 1")
+        if self.max_model_len < 2:
+            raise ValueError("max_model_len must be at least 2")
+        if self.policy not in ("priority", "fcfs"):
+            raise ValueError(f"policy must be 'priority' or 'fcfs', not {self.policy!r}")
+        if self.preemption_mode not in ("swap", "recompute", "auto"):
+            raise ValueError(f"preemption_mode must be swap|recompute|auto, not {self.preemption_mode!r}")
+        if self.preemption_priority_gap < 1:
+            raise ValueError("preemption_priority_gap must be at least 1")
+        if self.aging_rate < 0:
+            raise ValueError("aging_rate must be non-negative")
+        for name in ("swap_in_watermark", "admission_watermark"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"{name} must be in [0, 1)")
+        if self.long_prefill_token_threshold < 0:
+            raise ValueError("long_prefill_token_threshold must be non-negative")
+
+
+@dataclass(frozen=True)
+class SchedulerStats:
+    running: int
+    waiting: int
+    swapped: int
+    free_device_blocks: int
+    """Includes cached blocks no request holds (they are evicted on demand)."""
+    total_device_blocks: int
+    free_cpu_blocks: int
+    total_cpu_blocks: int
+    cached_blocks: int
+    """Device blocks findable in the prefix cache, held or not."""
+    preemptions: int
+    """Victims chosen, for memory (running requests needing blocks) or for an urgent arrival."""
+    priority_preemptions: int
+    """The part of `preemptions` made to admit a more urgent waiting request."""
+    swaps_out: int
+    swaps_in: int
+    recomputes: int
+    blocks_swapped_out: int
+    blocks_swapped_in: int
+    prefix_cache_hit_tokens: int
+    prefix_cache_query_tokens: int
+    steps: int
+    last_step_num_scheduled: int
+    """Requests with a chunk in the last schedule() call."""
+    last_step_num_tokens: int
