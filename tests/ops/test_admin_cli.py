@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import secrets
@@ -11,6 +12,9 @@ import time
 from dataclasses import dataclass, field
 
 import pytest
+
+from gateway.tenancy import TenantStore, connect
+from gateway.tenancy.admission import Admission
 
 
 @dataclass
@@ -60,3 +64,100 @@ def test_errors_have_exit_codes_and_clear_messages(cli: AdminCLI):
                           capture_output=True, text=True, timeout=60)
     assert down.returncode == 3 and "Redis is unreachable" in down.stderr
     assert "hunter2" not in down.stderr and "Traceback" not in down.stderr
+
+
+def _authenticates(cli: AdminCLI, key: str) -> bool:
+    async def check() -> bool:
+        client = connect(cli.redis_url)
+        try:
+            return await TenantStore(client, cli.prefix).authenticate(key) is not None
+        finally:
+            await client.aclose()
+
+    return asyncio.run(check())
+
+
+def _serve_one(cli: AdminCLI, key: str, prompt: int, completion: int) -> None:
+    async def run() -> None:
+        client = connect(cli.redis_url)
+        try:
+            auth = await TenantStore(client, cli.prefix).authenticate(key)
+            assert auth is not None
+            admission = Admission(client, cli.prefix)
+            await (await admission.admit(auth, prompt, 64)).settle(prompt, completion)
+            await admission.aclose()
+        finally:
+            await client.aclose()
+
+    asyncio.run(run())
+
+
+def _key_from(out: str) -> str:
+    return next(line for line in out.splitlines() if line.startswith("ps-"))
+
+
+def test_every_admin_command_end_to_end(cli: AdminCLI):
+    cli("tenant", "create", "acme")
+    cli("tenant", "create", "beta", "--tier", "free")
+    assert [t["name"] for t in cli.json("tenant", "list")] == ["acme", "beta"]
+    created = cli.json("key", "create", "acme", "--label", "prod")
+    key, key_id = created["key"], created["id"]
+    assert _authenticates(cli, key)
+
+    # quota set / show: an override, "unlimited", then back to the tier default
+    shown = cli.json("quota", "set", "acme", "--rpm", "5", "--daily-tokens", "unlimited")
+    assert shown["limits"]["rpm"] == 5 and shown["limits"]["daily_tokens"] is None
+    assert shown["overrides"] == ["daily_tokens", "rpm"]
+    assert "rpm             5 *" in cli("quota", "show", "acme").stdout
+    assert cli.json("quota", "set", "acme", "--rpm", "default")["limits"]["rpm"] == 600  # standard tier
+    assert cli.json("quota", "set", "acme", "--key", key_id, "--concurrency", "3")["limits"]["concurrency"] == 3
+    assert cli.json("quota", "show", "acme", "--key", key_id)["overrides"] == ["concurrency"]
+    bad = cli("quota", "set", "acme", "--rpm", "-4", ok=False)
+    assert bad.returncode == 1 and "must be >= 0" in bad.stderr
+    assert cli("quota", "set", "acme", ok=False).returncode == 1
+
+    # usage show, per tenant and per key, text and JSON, with a date range
+    _serve_one(cli, key, 11, 7)
+    _serve_one(cli, key, 4, 2)
+    rows = cli.json("usage", "show", "acme")["rows"]
+    assert [(r["requests"], r["prompt_tokens"], r["completion_tokens"]) for r in rows] == [(2, 15, 9)]
+    assert cli.json("usage", "show", "--key", key_id)["rows"][0]["key_id"] == key_id
+    day = rows[0]["day"]
+    assert cli.json("usage", "show", "--since", day, "--until", day)["rows"] == rows
+    assert cli.json("usage", "show", "acme", "--since", "2020-01-01", "--until", "2020-01-31")["rows"] == []
+    assert "acme" in cli("usage", "show").stdout
+    assert cli("usage", "show", "--since", "yesterday", ok=False).returncode == 1
+
+    # suspension stops every key at once; resume restores them
+    cli("tenant", "suspend", "acme")
+    assert not _authenticates(cli, key)
+    assert cli.json("tenant", "show", "acme")["status"] == "suspended"
+    cli("tenant", "resume", "acme")
+    assert _authenticates(cli, key)
+
+    # rotation: the old key works during the grace period, then stops; the new one works
+    rotated = cli.json("key", "rotate", key_id, "--grace", "1.5")
+    new_key = rotated["key"]
+    assert rotated["replaces"] == key_id and _authenticates(cli, key) and _authenticates(cli, new_key)
+    time.sleep(1.7)
+    assert not _authenticates(cli, key) and _authenticates(cli, new_key)
+    states = {k["id"]: k["usable"] for k in cli.json("key", "list", "acme")}
+    assert states == {key_id: False, rotated["id"]: True}
+
+    # revoke, then delete
+    cli("key", "revoke", rotated["id"])
+    assert not _authenticates(cli, new_key)
+    third = _key_from(cli("key", "create", "beta").stdout)
+    cli("tenant", "delete", "beta")
+    assert not _authenticates(cli, third)
+    assert cli("tenant", "show", "beta", ok=False).returncode == 1
+
+    actions = [e["action"] for e in cli.json("audit", "show", "--limit", "100")]
+    assert actions == ["tenant.create", "tenant.create", "key.create", "quota.set", "quota.set", "quota.set",
+                       "tenant.suspend", "tenant.resume", "key.create", "key.rotate", "key.revoke",
+                       "key.create", "tenant.delete"]
+
+    # keys appear only in the one output that created them
+    for secret in (key, new_key, third):
+        showing = [t for t in cli.transcript if secret in t]
+        assert len(showing) == 1, f"a key was printed {len(showing)} times"
