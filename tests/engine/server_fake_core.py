@@ -9,6 +9,7 @@ The tests in tests/engine/test_server.py run the same paths with the real core.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -46,6 +47,7 @@ class FakeCore:
     def step(self) -> list[RequestDelta]:
         self.entered_step.set()
         self.step_gate.wait(5.0)
+        time.sleep(0.001)  # a step takes time: tests can act while a request is in flight
         if self.fail_next_step is not None:
             raise self.fail_next_step
         out = []

@@ -180,7 +180,7 @@ def test_a_gateway_cannot_abort_another_gateways_request(engine: Running, ctx: z
 
 def test_n_samples_finish_separately(engine: Running, ctx: zmq.Context) -> None:
     gw = Gateway(ctx, engine.server.address)
-    gw.send(add("multi", max_tokens=50, n=3))
+    gw.send(add("multi", max_tokens=5000, n=3))
     gw.recv()
     gw.send(Abort(["multi"]))
     msgs = gw.recv_until_finished({"multi"})
@@ -299,7 +299,7 @@ def test_a_fatal_core_error_is_told_to_every_gateway_and_exits_1(ctx: zmq.Contex
 
 def test_requests_of_a_vanished_gateway_are_aborted(engine: Running, ctx: zmq.Context) -> None:
     gw = Gateway(ctx, engine.server.address)
-    gw.send(add("orphan", max_tokens=5000))
+    gw.send(add("orphan", max_tokens=9000))
     gw.recv()
     gw.sock.close(linger=0)
     deadline = time.monotonic() + 5
