@@ -1,7 +1,7 @@
 """Text in, token ids out: the tokenizer, the chat template and prompt checks.
 
-Owns loading the model's tokenizer (from the same `resolve_model` folder the
-engine loads its weights from) and turning chat messages or a completion prompt
+Owns loading the model's tokenizer (`gateway/tokenizer.py`, from the same
+`resolve_model` folder the engine loads its weights from) and turning chat messages or a completion prompt
 into token ids. Tokenizing a long prompt is CPU work, so it runs in a worker
 thread (the fast tokenizer releases the GIL) and never stalls other streams.
 It knows nothing about HTTP or the engine.
@@ -9,16 +9,15 @@ It knows nothing about HTTP or the engine.
 
 from __future__ import annotations
 
-from typing import Any
-
 import anyio.to_thread
 
 from gateway.errors import InvalidRequest
+from gateway.tokenizer import ChatTemplateError, TextTokenizer
 from shared.model_store import resolve_model
 
 
 class Prompts:
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: TextTokenizer) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = len(tokenizer)
 
@@ -26,10 +25,8 @@ class Prompts:
     async def load(cls, model_spec: str) -> Prompts:
         """Load the tokenizer of `model_spec` (a few seconds: done once, in the lifespan)."""
 
-        def _load() -> Any:
-            from transformers import AutoTokenizer  # heavy import: only when a gateway starts
-
-            return AutoTokenizer.from_pretrained(resolve_model(model_spec).path)
+        def _load() -> TextTokenizer:
+            return TextTokenizer.from_folder(resolve_model(model_spec).path)
 
         return cls(await anyio.to_thread.run_sync(_load))
 
@@ -37,11 +34,11 @@ class Prompts:
         return await anyio.to_thread.run_sync(self._chat, messages)
 
     def _chat(self, messages: list[dict[str, str]]) -> list[int]:
-        if getattr(self.tokenizer, "chat_template", None) is None:
+        if self.tokenizer.chat_template is None:
             raise InvalidRequest("this model has no chat template; use /v1/completions", param="messages")
         try:
-            text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        except Exception as e:  # the template's own checks (role order...) raise jinja errors
+            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        except ChatTemplateError as e:  # the template's own checks (role order...)
             raise InvalidRequest(f"messages do not fit the model's chat template: {e}", param="messages") from None
         # The template already wrote the special tokens (BOS, <|im_start|>...).
         return list(self.tokenizer.encode(text, add_special_tokens=False))

@@ -21,15 +21,15 @@ from gateway.app import create_app
 from gateway.config import GatewayConfig
 from gateway.prompts import Prompts
 from gateway.state import GatewayState
+from gateway.tokenizer import TextTokenizer
 from shared.model_store import resolve_model
 from tests.gateway.fakes import FakeEngine, FakeEngineSource, Script
 
 
 @pytest.fixture(scope="session")
-def tokenizer() -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(resolve_model("smollm2").path)
+def tokenizer() -> TextTokenizer:
+    """The gateway's own tokenizer of the default model (test_tokenizer.py checks it against transformers)."""
+    return TextTokenizer.from_folder(resolve_model("smollm2").path)
 
 
 @dataclass
