@@ -51,6 +51,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--grid", default=None, help="comma list of BxS, e.g. 1x32768,64x2048")
     p.add_argument("--tile-n", type=int, default=None, help="override the kernel's KV tile")
+    p.add_argument("--num-warps", type=int, default=None, help="override the kernel's warps")
+    p.add_argument("--num-stages", type=int, default=3, help="software pipelining depth")
+    p.add_argument("--sweep", action="store_true", help="first try tile/warps/stages on 1x32k and 64x2k")
     p.add_argument("--json", dest="json_path", default=None, help="also write the rows here")
     p.add_argument("--dry-run", action="store_true", help="CPU, Triton interpreter, tiny grid")
     args = p.parse_args(argv)
@@ -145,12 +148,41 @@ def check_correctness(args: argparse.Namespace, device: str) -> float:
     return worst
 
 
-def measure(batch: int, context: int, args, device: str, bench, copy_bps: float) -> Row:
+def kernel_options(args: argparse.Namespace) -> dict[str, int | None]:
+    return {"tile_n": args.tile_n, "num_warps": args.num_warps, "num_stages": args.num_stages}
+
+
+def sweep(args: argparse.Namespace, device: str, bench, copy_bps: float) -> None:
+    """Time a few launch configurations on two shapes; print the best of each (tuning aid)."""
+    shapes = ((2, 64), (3, 48)) if args.dry_run else ((1, 32768), (64, 2048))
+    configs = [(32, 4, 3), (64, 4, 3), (64, 4, 2), (64, 8, 3), (128, 8, 2), (128, 4, 2)]
+    if args.dry_run:
+        configs = configs[:2]
+    for batch, context in shapes:
+        results = []
+        for tile_n, warps, stages in configs:
+            opts = {"tile_n": tile_n, "num_warps": warps, "num_stages": stages}
+            row = measure(batch, context, args, device, bench, copy_bps, opts, with_sdpa=False)
+            results.append((row.pct_of_copy, tile_n, warps, stages))
+            print(f"  sweep {batch}x{context} tile_n={tile_n} warps={warps} stages={stages}: "
+                  f"{row.pct_of_copy:.1f}% of copy", flush=True)  # fmt: skip
+        best = max(results)
+        print(f"  best {batch}x{context}: tile_n={best[1]} num_warps={best[2]} num_stages={best[3]}")
+
+
+def measure(
+    batch: int,
+    context: int,
+    args: argparse.Namespace,
+    device: str,
+    bench: Callable[[Callable[[], object]], float],
+    copy_bps: float,
+    options: dict[str, int | None],
+    with_sdpa: bool = True,
+) -> Row:
     import torch
-    import torch.nn.functional as F
 
     from kernels.paged_attention import choose_num_splits, paged_attention
-    from kernels.reference import gather_kv_ref
 
     query, k_cache, v_cache, table, qsl, seq_lens, scale = decode_batch(batch, context, args, device)
     out = torch.empty_like(query)
@@ -158,30 +190,44 @@ def measure(batch: int, context: int, args, device: str, bench, copy_bps: float)
     def run() -> object:
         return paged_attention(
             query, k_cache, v_cache, table, qsl, seq_lens, scale,
-            max_query_len=1, max_seq_len=context, tile_n=args.tile_n, out=out,
+            max_query_len=1, max_seq_len=context, out=out, **options,
         )  # fmt: skip
 
     t_triton = bench(run)
-    # SDPA on the same data, gathered contiguous: (B, n_kv, S, hd)
-    k = torch.stack([gather_kv_ref(k_cache, table[b], context) for b in range(batch)]).transpose(1, 2)
-    v = torch.stack([gather_kv_ref(v_cache, table[b], context) for b in range(batch)]).transpose(1, 2)
-    k, v, q4 = k.contiguous(), v.contiguous(), query.unsqueeze(2)  # q4: (B, n_q, 1, hd)
-    t_sdpa = bench(lambda: F.scaled_dot_product_attention(q4, k, v, scale=scale, enable_gqa=True))
-    sdpa_out = F.scaled_dot_product_attention(q4, k, v, scale=scale, enable_gqa=True).squeeze(2)
-    kv_bytes = 2 * k.numel() * k.element_size()
-    io_bytes = kv_bytes + 2 * query.numel() * query.element_size()
-    splits = choose_num_splits(batch * args.n_kv, context, query.device)
+    # the floor: every key and value read once, the queries read and the outputs written once
+    io_bytes = (2 * batch * context * args.n_kv + 2 * query.numel() // args.head_dim) * args.head_dim
+    io_bytes *= query.element_size()
+    t_sdpa, err = (
+        bench_sdpa(query, k_cache, v_cache, table, context, scale, bench, run) if with_sdpa else (0.0, 0.0)
+    )
     return Row(
         batch=batch,
         context=context,
-        num_splits=splits,
+        num_splits=options.get("num_splits") or choose_num_splits(batch * args.n_kv, context, query.device),
         triton_us=t_triton * 1e6,
         triton_gbps=io_bytes / t_triton / 1e9,
         pct_of_copy=100 * io_bytes / t_triton / copy_bps,
         sdpa_us=t_sdpa * 1e6,
-        sdpa_gbps=io_bytes / t_sdpa / 1e9,
-        max_err=float((run().float() - sdpa_out.float()).abs().max()),
+        sdpa_gbps=io_bytes / t_sdpa / 1e9 if t_sdpa else 0.0,
+        max_err=err,
     )
+
+
+def bench_sdpa(query, k_cache, v_cache, table, context: int, scale: float, bench, run) -> tuple[float, float]:
+    """SDPA seconds on the same data gathered contiguous, and its max difference from `run()`."""
+    import torch
+    import torch.nn.functional as F
+
+    from kernels.reference import gather_kv_ref
+
+    batch = query.shape[0]
+    k = torch.stack([gather_kv_ref(k_cache, table[b], context) for b in range(batch)])  # (B, S, n_kv, hd)
+    v = torch.stack([gather_kv_ref(v_cache, table[b], context) for b in range(batch)])
+    k, v = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()  # (B, n_kv, S, hd)
+    q4 = query.unsqueeze(2)  # (B, n_q, 1, hd)
+    t_sdpa = bench(lambda: F.scaled_dot_product_attention(q4, k, v, scale=scale, enable_gqa=True))
+    sdpa_out = F.scaled_dot_product_attention(q4, k, v, scale=scale, enable_gqa=True).squeeze(2)
+    return t_sdpa, float((run().float() - sdpa_out.float()).abs().max())
 
 
 def table(rows: list[Row], copy_bps: float, header: str) -> str:
@@ -221,9 +267,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"correctness: ok (max error vs float64 reference {worst:.2e})", flush=True)
     bench = timer(device)
     copy_bps = copy_bandwidth(device, bench)
+    if args.sweep:
+        sweep(args, device, bench, copy_bps)
     rows = []
     for batch, context in grid_of(args):
-        rows.append(measure(batch, context, args, device, bench, copy_bps))
+        rows.append(measure(batch, context, args, device, bench, copy_bps, kernel_options(args)))
         print(f"  done {batch}x{context} ({time.perf_counter() - started:.0f} s)", flush=True)
     name = torch.cuda.get_device_name() if device == "cuda" else "cpu (interpreter: timings meaningless)"
     header = (

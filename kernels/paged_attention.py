@@ -80,6 +80,61 @@ def _dot(a, b, UPCAST: tl.constexpr):
 
 
 @triton.jit
+def _attend_tiles(
+    q,  # (BLOCK_M, HEAD_DIM_P) queries of one KV group
+    q_pos,  # (BLOCK_M,) absolute position of each row's query
+    table,  # this request's block-table row
+    k_head_ptr,  # key cache, offset to this KV head
+    v_head_ptr,
+    stride_kb,
+    stride_ks,
+    stride_vb,
+    stride_vs,
+    kv_len,  # keys at positions >= kv_len are never read
+    tile_lo,
+    tile_hi,
+    qk_scale,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_P: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    TILE_N: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    """Online softmax over key tiles [tile_lo, tile_hi): (unnormalised acc, row sums, row maxima)."""
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_P], tl.float32)
+    d = tl.arange(0, HEAD_DIM_P)
+    d_ok = d < HEAD_DIM
+    offs_n = tl.arange(0, TILE_N)
+    for tile in range(tile_lo, tile_hi):
+        pos = tile * TILE_N + offs_n  # (TILE_N,) key positions; a tile may span several blocks
+        pos_ok = pos < kv_len
+        block = tl.load(table + pos // BLOCK_SIZE, mask=pos_ok, other=0).to(tl.int64)
+        in_block = pos % BLOCK_SIZE
+        k_off = block * stride_kb + in_block * stride_ks  # (TILE_N,)
+        v_off = block * stride_vb + in_block * stride_vs
+        k_mask = d_ok[:, None] & pos_ok[None, :]
+        v_mask = pos_ok[:, None] & d_ok[None, :]
+        k = tl.load(k_head_ptr + k_off[None, :] + d[:, None], mask=k_mask, other=0.0)  # (HEAD_DIM_P, TILE_N)
+        v = tl.load(v_head_ptr + v_off[:, None] + d[None, :], mask=v_mask, other=0.0)  # (TILE_N, HEAD_DIM_P)
+
+        s = _dot(q, k, UPCAST) * qk_scale  # (BLOCK_M, TILE_N), base-2 logits
+        visible = (pos[None, :] <= q_pos[:, None]) & pos_ok[None, :]
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        # A row that has seen no visible key yet keeps m = -inf; shift it by 0, not by -inf.
+        m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(s - m_shift[:, None])
+        alpha = tl.math.exp2(m_i - m_shift)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + _dot(store_cast(p, v.dtype, UPCAST), v, UPCAST)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
 def _paged_attention_kernel(
     out_ptr,  # (T, n_q, hd), written when NUM_SPLITS == 1
     part_out_ptr,  # (T, n_q, NUM_SPLITS, HEAD_DIM) float32, written when NUM_SPLITS > 1
@@ -149,36 +204,12 @@ def _paged_attention_kernel(
     tiles_per_split = tl.cdiv(n_tiles, NUM_SPLITS)
     tile_lo = split * tiles_per_split
     tile_hi = tl.minimum(tile_lo + tiles_per_split, n_tiles)
-
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM_P], tl.float32)
-    offs_n = tl.arange(0, TILE_N)
     table = block_tables_ptr + seq.to(tl.int64) * stride_bt
-    for tile in range(tile_lo, tile_hi):
-        pos = tile * TILE_N + offs_n  # (TILE_N,) key positions
-        pos_ok = pos < kv_len
-        block = tl.load(table + pos // BLOCK_SIZE, mask=pos_ok, other=0).to(tl.int64)
-        in_block = pos % BLOCK_SIZE
-        k_off = block * stride_kb + in_block * stride_ks + kv_head * stride_kh  # (TILE_N,)
-        v_off = block * stride_vb + in_block * stride_vs + kv_head * stride_vh
-        k_mask = d_ok[:, None] & pos_ok[None, :]
-        v_mask = pos_ok[:, None] & d_ok[None, :]
-        k = tl.load(k_cache_ptr + k_off[None, :] + d[:, None], mask=k_mask, other=0.0)
-        v = tl.load(v_cache_ptr + v_off[:, None] + d[None, :], mask=v_mask, other=0.0)
-        # k: (HEAD_DIM_P, TILE_N), v: (TILE_N, HEAD_DIM_P)
-
-        s = _dot(q, k, UPCAST) * qk_scale  # (BLOCK_M, TILE_N)
-        visible = (pos[None, :] <= q_pos[:, None]) & pos_ok[None, :]
-        s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        # A row that has seen no visible key yet keeps m = -inf; shift it by 0, not by -inf.
-        m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.math.exp2(s - m_shift[:, None])
-        alpha = tl.math.exp2(m_i - m_shift)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + _dot(store_cast(p, v.dtype, UPCAST), v, UPCAST)
-        m_i = m_new
+    acc, l_i, m_i = _attend_tiles(
+        q, q_pos, table, k_cache_ptr + kv_head * stride_kh, v_cache_ptr + kv_head * stride_vh,
+        stride_kb, stride_ks, stride_vb, stride_vs, kv_len, tile_lo, tile_hi, qk_scale,
+        HEAD_DIM, HEAD_DIM_P, BLOCK_M, BLOCK_SIZE, TILE_N, UPCAST,
+    )  # fmt: skip
 
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
     res = acc / l_safe[:, None]
@@ -242,9 +273,15 @@ def _check_args(
 
 
 def choose_num_splits(num_programs: int, max_seq_len: int, device: torch.device) -> int:
-    """Enough KV splits to give the GPU about two programs per SM, never tiny ones."""
+    """KV splits for a decode batch of `num_programs` (request, KV head) programs.
+
+    Aim at about eight programs per SM: a few resident per SM hide memory latency,
+    and many small programs shrink the idle tail of the last wave. A split reads
+    at least MIN_TOKENS_PER_SPLIT keys, so the merge (float32 partials, about
+    2 * group * splits / context of the KV bytes) stays a small cost.
+    """
     if device.type == "cuda":
-        target = 2 * torch.cuda.get_device_properties(device).multi_processor_count
+        target = 8 * torch.cuda.get_device_properties(device).multi_processor_count
     else:
         target = 4  # the interpreter: exercise the split path on long contexts only
     by_occupancy = math.ceil(target / max(num_programs, 1))
@@ -265,13 +302,16 @@ def paged_attention(
     max_seq_len: int | None = None,
     num_splits: int | None = None,
     tile_n: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int = 3,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:  # (T, n_q, hd)
     """Attention of every query token over its request's cached keys, causally.
 
     Pass max_query_len and max_seq_len when the caller knows them (the runner
     does): otherwise they are read from the device tensors, a host sync.
-    num_splits and tile_n override the heuristics (tests, benchmarks).
+    num_splits, tile_n, num_warps and num_stages override the heuristics
+    (tests, and tuning with kernels/bench.py on a GPU).
     """
     _check_args(query, key_cache, value_cache, block_tables, query_start_loc, seq_lens)
     num_tokens, n_q, head_dim = query.shape
@@ -321,7 +361,7 @@ def paged_attention(
         HEAD_DIM=head_dim, HEAD_DIM_P=max(16, next_pow2(head_dim)), GROUP=group,
         BLOCK_M=block_m, BLOCK_Q=block_q, BLOCK_SIZE=block_size, TILE_N=tile_n,
         NUM_SPLITS=num_splits, ONE_Q_BLOCK=one_q_block, UPCAST=upcast_dots(query.dtype),
-        num_warps=4 if block_m <= 16 else 8, num_stages=3,
+        num_warps=num_warps or (4 if block_m <= 16 else 8), num_stages=num_stages,
     )  # fmt: skip
     if num_splits > 1:
         merge_splits(part_out, part_lse, out)

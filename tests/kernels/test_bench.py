@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from kernels import bench
 
 
@@ -25,3 +27,10 @@ def test_grid_parsing() -> None:
     assert bench.grid_of(args) == ((1, 32768), (64, 2048))
     assert bench.grid_of(bench.parse_args([])) == bench.GPU_GRID
     assert (args.n_q, args.n_kv, args.head_dim) == (32, 8, 128)
+
+
+@pytest.mark.kernel_full
+def test_dry_run_sweep(capsys) -> None:
+    assert bench.main(["--dry-run", "--sweep", "--grid", "1x20"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("  best ") == 2
