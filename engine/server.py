@@ -98,6 +98,9 @@ class _InFlight:
     num_prompt_tokens: int
     unfinished: set[int]
     """Sample indices that have not finished yet."""
+    tenant_id: str
+    added_at: float
+    """time.monotonic() when the engine accepted it (the finish log line's latency)."""
     num_output: dict[int, int] = field(default_factory=dict)
     num_cached: int = 0
 
@@ -110,6 +113,10 @@ class EngineServer:
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a send to a gone gateway raises, not vanishes
         self._sock.setsockopt(zmq.SNDHWM, 0)  # never drop outputs for a slow gateway
         self._sock.setsockopt(zmq.RCVHWM, 0)
+        # ZMTP heartbeats (answered by libzmq's I/O thread even mid-step) drop a silently dead
+        # gateway's connection, so the next send to it fails and its requests are aborted.
+        self._sock.setsockopt(zmq.HEARTBEAT_IVL, 1000)
+        self._sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 10_000)
         self._sock.bind(config.listen)
         self.address: str = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
         # Signals and other threads wake the poll through this pair (see request_stop).
@@ -254,7 +261,8 @@ class EngineServer:
         except ValueError as e:  # the core's verdict on a request it cannot serve
             self._send(gateway, Error(add.request_id, "request", str(e)))
             return
-        self._inflight[add.request_id] = _InFlight(gateway, len(add.prompt_token_ids), set(range(add.sampling.n)))
+        self._inflight[add.request_id] = _InFlight(gateway, len(add.prompt_token_ids), set(range(add.sampling.n)),
+                                                   add.tenant_id, time.monotonic())
 
     def _check_add(self, add: AddRequest) -> str | None:
         if self._stop_deadline is not None:
@@ -311,7 +319,8 @@ class EngineServer:
         if not entry.unfinished:
             del self._inflight[request_id]
             self.stats.num_finished += 1
-            log.info("request %s finished (%s): prompt %d, output %d, cached %d tokens", request_id, reason,
+            log.info("request %s (tenant %s) finished (%s) in %.2f s: prompt %d, output %d, cached %d tokens",
+                     request_id, entry.tenant_id or "-", reason, time.monotonic() - entry.added_at,
                      entry.num_prompt_tokens, sum(entry.num_output.values()), entry.num_cached)
         return fin
 
