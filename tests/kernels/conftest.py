@@ -3,6 +3,10 @@
 Triton reads TRITON_INTERPRET when a kernel is decorated (module import), so the
 variable is set here, before any test module imports kernels.*; a kernel module
 that some earlier test imported in compiled mode is reloaded.
+
+On a GPU machine, the compiled kernels are tested with
+    TRITON_INTERPRET=0 pytest tests/kernels -m gpu
+(an explicit value is kept; tests marked gpu need CUDA and no interpreter).
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ import importlib
 import os
 import sys
 
-os.environ["TRITON_INTERPRET"] = "1"
+os.environ.setdefault("TRITON_INTERPRET", "1")
 
 _KERNEL_MODULES = (
     "kernels.checks",

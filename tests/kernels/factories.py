@@ -41,6 +41,9 @@ class AttentionBatch:
             self.scale,
         )
 
+    def to(self, device: str) -> AttentionBatch:
+        return AttentionBatch(*(t.to(device) for t in self.args()[:-1]), scale=self.scale)
+
     def reference(self) -> torch.Tensor:
         from kernels.reference import paged_attention_ref
 
