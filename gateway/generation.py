@@ -142,6 +142,10 @@ class Generation:
                     return
         except EngineError as e:
             self.failed = True
+            if isinstance(e, RequestFailedError) and self.usage.completion_tokens == 0:
+                # Refused before any output: the engine's admission checks (request_checks.py)
+                # found a request that can never run here (KV blocks, n, context): the caller's fault.
+                raise InvalidRequest(f"the engine refused the request: {e}", code="request_rejected") from None
             raise _as_api_error(e) from None
         except APIError:
             self.failed = True

@@ -206,8 +206,17 @@ def test_engine_error_mid_stream_is_an_error_event(make_gateway: Any) -> None:
     gw = make_gateway(lambda req: Script([[7042, 314]], fail=RequestFailedError("boom")))
     events = sse_events(gw.post("/v1/chat/completions", {**CHAT, "stream": True}).text)
     assert events[-1]["error"]["type"] == "internal_error" and "[DONE]" not in events
+    assert "".join(e["choices"][0]["delta"].get("content", "") for e in events[:-1]) == " Paris is"
     r = gw.post("/v1/chat/completions", CHAT)
     assert r.status_code == 500 and r.json()["error"]["code"] == "engine_request_error"
+
+
+def test_engine_refusal_before_output_is_400(make_gateway: Any) -> None:
+    gw = make_gateway(lambda req: Script([[]], fail=RequestFailedError("the request may need 9 KV blocks")))
+    r = gw.post("/v1/chat/completions", CHAT)
+    assert r.status_code == 400 and "KV blocks" in r.json()["error"]["message"]
+    events = sse_events(gw.post("/v1/chat/completions", {**CHAT, "stream": True}).text)
+    assert events[-1]["error"]["code"] == "request_rejected"
 
 
 def test_models_and_health(make_gateway: Any) -> None:
