@@ -1,0 +1,227 @@
+"""`pageserve up`: redis-server, the engine and the gateway on 127.0.0.1, with one command.
+
+    pageserve up [--model smollm2] [--port 8000] [--redis-url URL] [--engine-port N] [--tenant demo]
+                 [--engine tcp://HOST:PORT]   # use an engine that is already running instead
+
+Starts a private redis-server on a free port unless `--redis-url` is given,
+then the engine and the gateway as child processes (`pageserve engine`,
+`pageserve gateway`), waits until `GET /health` answers 200, creates the demo
+tenant (or reuses it) and a fresh API key through the tenancy store, and prints
+the key and a working `curl` line. Ctrl-C or SIGTERM stops the gateway, then the
+engine, then redis, each with a grace period; if any child dies on its own the
+others are stopped too and the exit status is 1.
+
+Children run in their own sessions, so a terminal's Ctrl-C reaches only this
+process and the shutdown order stays ours. This module owns process supervision
+only: no HTTP handling, no model code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import FrameType
+
+from shared.model_store import DEFAULT_MODEL
+
+HEALTH_TIMEOUT_S = 600.0
+"""First start converts the GGUF (tens of seconds on 2 cores) before the engine loads it."""
+STOP_GRACE_S = 15.0
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    model: str = DEFAULT_MODEL
+    host: str = "127.0.0.1"
+    port: int = 8000
+    """The gateway's HTTP port."""
+    redis_url: str | None = None
+    """None: start a private redis-server on a free port."""
+    engine_port: int | None = None
+    """None: a free port."""
+    engine_address: str | None = None
+    """An engine already running there is used; None: start one."""
+    engine_args: tuple[str, ...] = ()
+    """Extra flags passed to `pageserve engine` as is."""
+    tenant: str = "demo"
+    redis_prefix: str = "ps"
+
+
+@dataclass
+class Child:
+    name: str
+    proc: subprocess.Popen[bytes]
+    cleanup: list[str] = field(default_factory=list)
+    """Temporary folders to delete once the process is gone."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _spawn(name: str, argv: list[str]) -> Child:
+    # start_new_session: the terminal's Ctrl-C reaches only the launcher, which stops children in order.
+    return Child(name, subprocess.Popen(argv, start_new_session=True))
+
+
+def start_redis() -> tuple[Child, str]:
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise SystemExit("pageserve up: redis-server is not installed (apt-get install redis-server), "
+                         "or pass --redis-url")
+    port = free_port()
+    workdir = tempfile.mkdtemp(prefix="pageserve-redis-")
+    child = _spawn("redis", [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                             "--appendonly", "no", "--dir", workdir, "--loglevel", "warning"])
+    child.cleanup.append(workdir)
+    _wait_for_port(child, port, timeout_s=10.0)
+    return child, f"redis://127.0.0.1:{port}/0"
+
+
+def _wait_for_port(child: Child, port: int, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            if child.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{child.name} did not start on port {port}") from None
+            time.sleep(0.05)
+
+
+def wait_healthy(url: str, children: list[Child], timeout_s: float) -> None:
+    """Poll GET /health until 200; fail early when a child exits."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for c in children:
+            if c.proc.poll() is not None:
+                raise RuntimeError(f"{c.name} exited with status {c.proc.returncode} during start-up")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"no healthy answer from {url} within {timeout_s:g} s")
+
+
+async def create_demo_key(redis_url: str, prefix: str, tenant: str) -> str:
+    """A fresh key for the demo tenant (created on first use); printed once, never stored in clear."""
+    from gateway.tenancy import TenantExists, TenantStore, connect
+
+    redis = connect(redis_url)
+    try:
+        store = TenantStore(redis, prefix=prefix, actor="pageserve-up")
+        with contextlib.suppress(TenantExists):  # a second `up` on the same Redis reuses the tenant
+            await store.create_tenant(tenant)
+        key, _ = await store.create_key(tenant, label="pageserve up")
+        return key
+    finally:
+        await redis.aclose()
+
+
+def stop_all(children: list[Child]) -> None:
+    """Stop in reverse start order: gateway, engine, redis. SIGTERM, then SIGKILL after the grace."""
+    for c in reversed(children):
+        if c.proc.poll() is None:
+            c.proc.send_signal(signal.SIGTERM)
+            try:
+                c.proc.wait(timeout=STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                print(f"pageserve up: {c.name} did not stop in {STOP_GRACE_S:g} s; killing it", file=sys.stderr)
+                c.proc.kill()
+                c.proc.wait()
+        for path in c.cleanup:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def curl_line(host: str, port: int, key: str, model: str) -> str:
+    body = json.dumps({"model": model, "stream": True,
+                       "messages": [{"role": "user", "content": "What is the capital of France?"}]})
+    return (f"curl -N http://{host}:{port}/v1/chat/completions -H 'Authorization: Bearer {key}' "
+            f"-H 'Content-Type: application/json' -d {shlex.quote(body)}")
+
+
+def parse_args(argv: list[str]) -> LaunchConfig:
+    p = argparse.ArgumentParser(prog="pageserve up", description="serve locally: redis, engine and gateway")
+    p.add_argument("--model", default=DEFAULT_MODEL)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--redis-url", default=os.environ.get("PAGESERVE_REDIS_URL"))
+    p.add_argument("--engine-port", type=int, default=None)
+    p.add_argument("--engine", default=None, metavar="ADDRESS",
+                   help="use the engine already listening at this ZeroMQ address instead of starting one")
+    p.add_argument("--engine-args", default="", help="extra flags for `pageserve engine`, as one string")
+    p.add_argument("--tenant", default="demo", help="the demo tenant that gets a fresh key")
+    a = p.parse_args(argv)
+    return LaunchConfig(model=a.model, host=a.host, port=a.port, redis_url=a.redis_url,
+                        engine_port=a.engine_port, engine_address=a.engine, engine_args=tuple(shlex.split(a.engine_args)),
+                        tenant=a.tenant)
+
+
+def main(argv: list[str]) -> int:
+    config = parse_args(argv)
+    stop_requested = False
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        nonlocal stop_requested
+        stop_requested = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    children: list[Child] = []
+    try:
+        return _run(config, children, lambda: stop_requested)
+    except RuntimeError as e:
+        print(f"pageserve up: {e}", file=sys.stderr)
+        return 1
+    finally:
+        stop_all(children)
+
+
+def _run(config: LaunchConfig, children: list[Child], stopping: Callable[[], bool]) -> int:
+    cli = [sys.executable, "-m", "ops.cli"]
+    redis_url = config.redis_url
+    if redis_url is None:
+        redis, redis_url = start_redis()
+        children.append(redis)
+    engine_address = config.engine_address
+    if engine_address is None:
+        engine_address = f"tcp://127.0.0.1:{config.engine_port or free_port()}"
+        children.append(_spawn("engine", [*cli, "engine", "--model", config.model, "--listen", engine_address,
+                                          *config.engine_args]))
+    children.append(_spawn("gateway", [*cli, "gateway", "--engine", engine_address, "--redis-url", redis_url,
+                                       "--host", config.host, "--port", str(config.port), "--model", config.model,
+                                       "--redis-prefix", config.redis_prefix,
+                                       "--engine-timeout", str(HEALTH_TIMEOUT_S)]))
+    wait_healthy(f"http://{config.host}:{config.port}/health", children, HEALTH_TIMEOUT_S)
+    key = asyncio.run(create_demo_key(redis_url, config.redis_prefix, config.tenant))
+    print(f"\npageserve is up: http://{config.host}:{config.port}  (model {config.model}, redis {redis_url})")
+    print(f"API key for tenant {config.tenant!r} (shown once):\n  {key}\n")
+    print(curl_line(config.host, config.port, key, config.model))
+    print("\nCtrl-C stops redis, the engine and the gateway.", flush=True)
+    while not stopping():
+        for c in children:
+            if c.proc.poll() is not None:
+                raise RuntimeError(f"{c.name} exited with status {c.proc.returncode}; stopping the others")
+        time.sleep(0.2)
+    return 0

@@ -1,0 +1,68 @@
+"""`pageserve up` as a user runs it: prints a key and a curl line that works; Ctrl-C stops everything.
+
+The engine here is the real `EngineServer` loop around the protocol tests' fake
+core (`--engine ADDRESS` makes `up` use a running engine), so this costs no
+model load; redis-server, the gateway and the launcher are real processes.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from engine.server import EngineInfo, EngineServer, ServerConfig
+from tests.engine.server_fake_core import FakeCore
+from tests.support.redis_server import free_port
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+
+def port_open(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
+def test_up_prints_a_working_curl_line_and_ctrl_c_stops_all() -> None:
+    info = EngineInfo("smollm2", max_model_len=128, block_size=16, eos_token_id=2, num_blocks=64, vocab_size=49152)
+    engine = EngineServer(FakeCore(), info, ServerConfig(listen=f"tcp://127.0.0.1:{free_port()}",
+                                                        shutdown_grace_s=0.1, close_linger_ms=100))
+    thread = threading.Thread(target=engine.serve, daemon=True)
+    thread.start()
+    port = free_port()
+    up = subprocess.Popen([sys.executable, "-m", "ops.cli", "up", "--engine", engine.address, "--port", str(port)],
+                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert up.stdout is not None
+        lines: list[str] = []
+        deadline = time.monotonic() + 120
+        while not any(line.startswith("curl ") for line in lines):
+            assert time.monotonic() < deadline and up.poll() is None, "".join(lines)
+            lines.append(up.stdout.readline())
+        out = "".join(lines)
+        key = re.search(r"^\s+(ps-\S+)$", out, re.M)
+        redis_port = int(re.search(r"redis redis://127\.0\.0\.1:(\d+)/0", out).group(1))  # type: ignore[union-attr]
+        assert key is not None and key.group(1) in lines[-1]
+        curl = subprocess.run(shlex.split(lines[-1]), capture_output=True, text=True, timeout=60)
+        assert curl.returncode == 0
+        assert '"object":"chat.completion.chunk"' in curl.stdout and curl.stdout.endswith("data: [DONE]\n\n")
+        assert port_open(port) and port_open(redis_port)
+
+        up.send_signal(signal.SIGINT)
+        assert up.wait(timeout=30) == 0
+        assert not port_open(port) and not port_open(redis_port)
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()
+        engine.request_stop()
+        thread.join(5)
