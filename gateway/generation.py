@@ -154,7 +154,11 @@ class Generation:
     def _on_delta(self, sample: _Sample, item: TokenDelta) -> list[ChoiceDelta]:
         self.usage.cached_tokens = item.num_cached_tokens
         self.usage.completion_tokens += len(item.new_token_ids)
-        result = sample.stops.feed(sample.detok.push(item.new_token_ids))
+        text = sample.detok.push(item.new_token_ids)
+        if sample.detok.num_tokens < self.sampling.min_tokens:
+            # Like stop token ids, stop strings do not count before min_tokens (vLLM's rule).
+            return [ChoiceDelta(item.index, text)] if text else []
+        result = sample.stops.feed(text)
         out = [ChoiceDelta(item.index, result.text)] if result.text else []
         if result.stopped:
             sample.finish_reason = "stop"

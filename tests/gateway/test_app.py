@@ -77,6 +77,12 @@ def test_stop_string_cuts_text_and_aborts_engine(make_gateway: Any) -> None:
     assert body["usage"]["completion_tokens"] == 3  # up to the token that completed the stop string
 
 
+def test_stop_strings_wait_for_min_tokens(make_gateway: Any) -> None:
+    gw = make_gateway(lambda req: Script([[7042, 314, 7042, 314]], hang=True))  # " Paris is Paris is"
+    r = gw.post("/v1/chat/completions", {**CHAT, "stop": " is", "min_tokens": 3, "max_tokens": 8})
+    assert r.json()["choices"][0]["message"]["content"] == " Paris is Paris"
+
+
 def test_n_samples_stream_as_separate_choices(make_gateway: Any) -> None:
     gw = make_gateway(lambda req: Script([[7042, 30], [314, 17915, 30]], reason="stop"))
     events = sse_events(gw.post("/v1/chat/completions", {**CHAT, "n": 2, "stream": True}).text)
