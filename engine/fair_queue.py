@@ -27,6 +27,11 @@ from dataclasses import dataclass, field
 from engine.request import Request
 
 
+def aged_level(priority: int, enqueued_at: float, now: float, aging_rate: float) -> int:
+    """A queued request's effective priority: one level more urgent per 1 / aging_rate s waited."""
+    return priority - math.floor(aging_rate * max(now - enqueued_at, 0.0))
+
+
 @dataclass(order=True)
 class _Entry:
     seq: int
@@ -110,8 +115,7 @@ class FairQueue:
     def _level(self, entry: _Entry, now: float) -> int:
         if self.policy != "priority":
             return 0
-        waited = max(now - entry.enqueued_at, 0.0)
-        return entry.req.priority - math.floor(self.aging_rate * waited)
+        return aged_level(entry.req.priority, entry.enqueued_at, now, self.aging_rate)
 
     def _order_key(self, entry: _Entry, now: float) -> tuple[float, ...]:
         if self.policy != "priority":

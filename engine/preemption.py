@@ -1,8 +1,9 @@
 """Preemption policy: which running request gives its blocks back, and how.
 
 Pure decisions over request fields; the scheduler carries them out and the block
-manager moves the blocks. Victims, in order: least urgent (largest priority value),
-then the cheapest to lose (fewest computed tokens), then the latest arrival.
+manager moves the blocks. Victims, in order: least urgent (largest level: the priority
+a request was admitted at, aging included), then the cheapest to lose (fewest computed
+tokens), then the latest arrival.
 
 How a victim gives its blocks back ("auto" mode) is chosen by estimated time:
 
@@ -23,20 +24,21 @@ from engine.scheduler_config import SchedulerConfig
 PreemptKind = Literal["swap", "recompute"]
 
 
-def victim_order(policy: str, seq_of: Callable[[Request], int]) -> Callable[[Request], tuple[int, ...]]:
+def victim_order(
+    level_of: Callable[[Request], int], seq_of: Callable[[Request], int]
+) -> Callable[[Request], tuple[int, ...]]:
     """Sort key: the first element in ascending order is the preferred victim."""
 
     def key(req: Request) -> tuple[int, ...]:
-        urgency = -req.priority if policy == "priority" else 0
-        return (urgency, req.num_computed_tokens, -seq_of(req))
+        return (-level_of(req), req.num_computed_tokens, -seq_of(req))
 
     return key
 
 
 def pick_victim(
-    candidates: Iterable[Request], policy: str, seq_of: Callable[[Request], int]
+    candidates: Iterable[Request], level_of: Callable[[Request], int], seq_of: Callable[[Request], int]
 ) -> Request | None:
-    return min(candidates, key=victim_order(policy, seq_of), default=None)
+    return min(candidates, key=victim_order(level_of, seq_of), default=None)
 
 
 def preempt_kind(

@@ -34,6 +34,23 @@ class SampleGroup:
         return [s for s in self.samples if not s.status.finished]
 
 
+@dataclass(eq=False)
+class SampleState:
+    """The scheduler's bookkeeping for one live sample."""
+
+    req: Request
+    group: SampleGroup
+    index: int
+    """The sample's choice index within its group."""
+    seq: int
+    """Arrival order, kept across preemptions."""
+    enqueued_at: float
+    """When the client request was added (aging counts from here)."""
+    level: int | None = None
+    """The urgency level it was admitted or resumed at (its priority minus aging then)."""
+    admitted: bool = False
+
+
 def sample_ids(req: Request) -> list[str]:
     return [f"{req.request_id}#{i}" for i in range(req.sampling.n)]
 

@@ -30,12 +30,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engine.block_manager import BlockManager, BlockPairs
-from engine.fair_queue import FairQueue
+from engine.fair_queue import FairQueue, aged_level
 from engine.outputs import RequestDelta, RunnerOutput, ScheduledChunk, SchedulerOutput
 from engine.preemption import pick_victim, plan_room, preempt_kind, victim_order
 from engine.request import Request, RequestStatus
 from engine.request_checks import RequestRejected, validate_request
-from engine.sample_group import SampleGroup, make_delta, sample_ids, split_samples
+from engine.sample_group import SampleGroup, SampleState, make_delta, sample_ids, split_samples
 from engine.scheduler_checks import check_scheduler
 from engine.scheduler_config import SchedulerConfig, SchedulerStats
 from engine.scheduler_counters import Counters
@@ -71,12 +71,8 @@ class Scheduler:
         self.running: list[Request] = []
         self.swapped: list[Request] = []
         self._clock = clock
-        self._requests: dict[str, Request] = {}  # internal id -> live sample
+        self._live: dict[str, SampleState] = {}  # internal id -> a live sample's bookkeeping
         self._groups: dict[str, SampleGroup] = {}  # client id -> its samples
-        self._sample_of: dict[str, tuple[SampleGroup, int]] = {}
-        self._seq: dict[str, int] = {}
-        self._enqueued_at: dict[str, float] = {}
-        self._admitted: set[str] = set()
         self._next_seq = 0
         self._finished_ids: list[str] = []
         self._counters = Counters()
@@ -86,19 +82,16 @@ class Scheduler:
     def add_request(self, req: Request) -> None:
         """Queue a request; n > 1 is split into n samples sharing the prompt's blocks."""
         ids = [req.request_id] if req.sampling.n == 1 else sample_ids(req)
-        if req.request_id in self._groups or any(i in self._requests for i in ids):
+        if req.request_id in self._groups or any(i in self._live for i in ids):
             raise RequestRejected(f"request id {req.request_id!r} is already in use")
         validate_request(req, self.config, self.bm.blocks_for, self.bm.device.num_blocks)
         group = split_samples(req)
         now = self._clock()
         self._groups[group.client_id] = group
         for i, sample in enumerate(group.samples):
-            self._requests[sample.request_id] = sample
-            self._sample_of[sample.request_id] = (group, i)
-            self._seq[sample.request_id] = self._next_seq
-            self._enqueued_at[sample.request_id] = now
+            self._live[sample.request_id] = SampleState(sample, group, i, self._next_seq, now)
             self._next_seq += 1
-        self.waiting.push(group.leader, self._seq[group.leader.request_id], now)
+        self.waiting.push(group.leader, self._seq_of(group.leader), now)
 
     def abort_requests(self, request_ids: list[str]) -> list[RequestDelta]:
         """Abort client requests (every sample); unknown or finished ids are ignored."""
@@ -108,13 +101,12 @@ class Scheduler:
             if group is None:
                 continue
             for sample in group.live:
-                where = self._sample_of[sample.request_id]
                 self._finish(sample, RequestStatus.FINISHED_ABORTED)
-                deltas.append(make_delta(sample, [], *where))
+                deltas.append(make_delta(sample, [], group, group.samples.index(sample)))
         return deltas
 
     def has_unfinished(self) -> bool:
-        return bool(self._requests)
+        return bool(self._live)
 
     # -- one step ------------------------------------------------------------------------
 
@@ -140,9 +132,10 @@ class Scheduler:
         """Append sampled tokens, fork pending samples, finish stopped requests."""
         deltas = []
         for chunk in out.chunks:
-            req = self._requests.get(chunk.request_id)
-            if req is None or req.status is not RequestStatus.RUNNING:
+            state = self._live.get(chunk.request_id)
+            if state is None or state.req.status is not RequestStatus.RUNNING:
                 continue  # aborted since schedule()
+            req = state.req
             self.bm.cache_full_blocks(req)
             if not chunk.sample:
                 continue
@@ -150,12 +143,11 @@ class Scheduler:
             if token is None:
                 raise RuntimeError(f"the runner sampled no token for {chunk.request_id}")
             req.output_token_ids.append(token)
-            self._fork_pending(req)
-            where = self._sample_of[req.request_id]
+            self._fork_pending(state)
             status = finish_status(req, self.config.max_model_len)
             if status is not None:
                 self._finish(req, status)
-            deltas.append(make_delta(req, [token], *where))
+            deltas.append(make_delta(req, [token], state.group, state.index))
         return deltas
 
     def _schedule_running(self, step: _Step) -> bool:
@@ -168,7 +160,7 @@ class Scheduler:
             num_new = self._num_new_tokens(req, 0, step.budget)
             copies = self.bm.allocate(req, num_new)
             while copies is None:
-                victim = pick_victim(queue, self.config.policy, self._seq_of) or req
+                victim = pick_victim(queue, self._level_of, self._seq_of) or req
                 if victim is not req:
                     queue.remove(victim)
                 self._preempt(victim, step, urgent=False)
@@ -183,7 +175,9 @@ class Scheduler:
     def _schedule_queued(self, now: float, step: _Step) -> None:
         """Resume swapped requests and admit waiting ones, most urgent first."""
         while step.budget > 0:
-            swapped = min(self.swapped, key=self._urgency, default=None)
+            swapped = min(
+                self.swapped, key=lambda r: (self._queued_level(r, now), self._seq_of(r)), default=None
+            )
             waiting = self.waiting.peek(now)
             if swapped is not None and (waiting is None or self._resume_first(swapped, waiting, now)):
                 if not self._has_seats(swapped) or not self._resume(swapped, step):
@@ -197,7 +191,7 @@ class Scheduler:
     def _resume_first(self, swapped: Request, waiting: Request, now: float) -> bool:
         if self.config.policy != "priority":
             return self._seq_of(swapped) <= self._seq_of(waiting)
-        return swapped.priority <= self.waiting.level(waiting, now)
+        return self._queued_level(swapped, now) <= self.waiting.level(waiting, now)
 
     def _resume(self, req: Request, step: _Step) -> bool:
         num_new = self._num_new_tokens(req, 0, step.budget)
@@ -208,6 +202,7 @@ class Scheduler:
         copies = self.bm.allocate(req, num_new)
         assert copies == [], "swap-in reserved the chunk's blocks"
         step.swap_in += pairs
+        self._live[req.request_id].level = self._queued_level(req, self._clock())
         self.swapped.remove(req)
         req.transition(RequestStatus.RUNNING)
         self.running.append(req)
@@ -221,10 +216,12 @@ class Scheduler:
         copies = self.bm.allocate(req, num_new, hit, reserve=self._watermark(self.config.admission_watermark))
         if copies is None:
             return False
+        state = self._live[req.request_id]
+        state.level = self.waiting.level(req, self._clock())
         self.waiting.remove(req)
         req.num_computed_tokens = hit.num_tokens
-        if req.request_id not in self._admitted:
-            self._admitted.add(req.request_id)
+        if not state.admitted:  # cached tokens are reported as of the first admission
+            state.admitted = True
             req.num_cached_tokens = hit.num_tokens
         self._counters.prefix_lookup(hit.num_tokens, req.num_tokens)
         req.transition(RequestStatus.RUNNING)
@@ -278,8 +275,8 @@ class Scheduler:
             self.bm.free(victim, forget=False)
             victim.num_computed_tokens = 0
             victim.transition(RequestStatus.WAITING)
-            rid = victim.request_id
-            self.waiting.push(victim, self._seq[rid], self._enqueued_at[rid])
+            state = self._live[victim.request_id]
+            self.waiting.push(victim, state.seq, state.enqueued_at)
         self._counters.preempted(pairs, urgent)
 
     def _preempt_for_urgent(self, now: float, step: _Step) -> None:
@@ -300,8 +297,9 @@ class Scheduler:
         if short_blocks <= 0 and short_seats <= 0:
             return
         gap = self.config.preemption_priority_gap
-        candidates = [r for r in self.running if r.priority - req.priority >= gap]
-        candidates.sort(key=victim_order(self.config.policy, self._seq_of))
+        # The head's static priority: aging orders the queue but never makes a request preempt.
+        candidates = [r for r in self.running if self._level_of(r) - req.priority >= gap]
+        candidates.sort(key=victim_order(self._level_of, self._seq_of))
         victims = plan_room(candidates, short_blocks, short_seats, self._room_freed_by)
         for victim in victims:
             self._preempt(victim, step, urgent=True)
@@ -314,8 +312,8 @@ class Scheduler:
     # -- seats, order, finishing ---------------------------------------------------------
 
     def _pending_count(self, req: Request) -> int:
-        group, index = self._sample_of[req.request_id]
-        return len(group.pending) if index == 0 else 0
+        state = self._live[req.request_id]
+        return len(state.group.pending) if state.index == 0 else 0
 
     def _seats_needed(self, req: Request) -> int:
         return 1 + self._pending_count(req)
@@ -332,29 +330,44 @@ class Scheduler:
         return int(fraction * self.bm.device.num_blocks) if self.running else 0
 
     def _seq_of(self, req: Request) -> int:
-        return self._seq[req.request_id]
+        return self._live[req.request_id].seq
 
     def _urgency(self, req: Request) -> tuple[int, int]:
-        priority = req.priority if self.config.policy == "priority" else 0
-        return (priority, self._seq[req.request_id])
+        return (self._level_of(req), self._seq_of(req))
 
-    def _fork_pending(self, leader: Request) -> None:
-        group, index = self._sample_of[leader.request_id]
-        if index != 0 or not group.pending:
+    def _level_of(self, req: Request) -> int:
+        """A request's urgency level once admitted: its priority, improved by the aging it
+        had when it was admitted or resumed (so an aged request is not preempted at once)."""
+        if self.config.policy != "priority":
+            return 0
+        level = self._live[req.request_id].level
+        return req.priority if level is None else level
+
+    def _queued_level(self, req: Request, now: float) -> int:
+        if self.config.policy != "priority":
+            return 0
+        enqueued_at = self._live[req.request_id].enqueued_at
+        return aged_level(req.priority, enqueued_at, now, self.config.aging_rate)
+
+    def _fork_pending(self, state: SampleState) -> None:
+        """The leader's prompt KV is written: the pending samples share it and start."""
+        leader, group = state.req, state.group
+        if state.index != 0 or not group.pending:
             return
         shared = leader.num_prompt_tokens - 1
         for follower in group.pending:
             self.bm.fork(leader, follower, shared)
             follower.num_computed_tokens = shared
             follower.num_cached_tokens = leader.num_cached_tokens
-            self._admitted.add(follower.request_id)
+            follower_state = self._live[follower.request_id]
+            follower_state.level, follower_state.admitted = self._level_of(leader), True
             follower.transition(RequestStatus.RUNNING)
             self.running.append(follower)
         group.pending = []
 
     def _finish(self, req: Request, status: RequestStatus) -> None:
         rid = req.request_id
-        group, _ = self._sample_of[rid]
+        group = self._live.pop(rid).group
         if req.status is RequestStatus.RUNNING:
             self.running.remove(req)
         elif req.status is RequestStatus.SWAPPED:
@@ -363,15 +376,9 @@ class Scheduler:
             group.pending.remove(req)
         req.transition(status)
         self.bm.free(req)
-        del self._requests[rid]
-        for d in (self._seq, self._enqueued_at):
-            del d[rid]
-        self._admitted.discard(rid)
         self._finished_ids.append(rid)
         if not group.live:
             del self._groups[group.client_id]
-            for sample in group.samples:
-                del self._sample_of[sample.request_id]
 
     # -- observability -------------------------------------------------------------------
 

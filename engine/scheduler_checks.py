@@ -12,13 +12,13 @@ if TYPE_CHECKING:
 
 
 def check_scheduler(s: Scheduler) -> None:
-    live = list(s._requests.values())
+    live = [state.req for state in s._live.values()]
     s.bm.check(live)
     pending = [r for g in s._groups.values() for r in g.pending]
     queued = list(s.waiting)
     places = len(s.running) + len(s.swapped) + len(queued) + len(pending)
     assert places == len(live), f"{places} placed requests, {len(live)} live"
-    assert {r.request_id for r in s.running + s.swapped + queued + pending} == set(s._requests)
+    assert {r.request_id for r in s.running + s.swapped + queued + pending} == set(s._live)
     assert len(s.running) + sum(s._pending_count(r) for r in s.running) <= s.config.max_num_seqs
     for req in live:
         assert req.num_computed_tokens <= req.num_tokens <= s.config.max_model_len
