@@ -92,12 +92,15 @@ local hdr = {requests = {-1, -1, -1, 2}, tokens = {-1, -1, -1, 2}}
 for _, s in ipairs(scopes) do
   s.rl = P .. ':rl:' .. s.base
   s.levels = {}
-  for _, dim in ipairs(DIMS) do
+  local v = {}
+  if s.lim.rpm >= 0 or s.lim.input_tpm >= 0 or s.lim.output_tpm >= 0 then
+    v = redis.call('HMGET', s.rl, 'req', 'req_t', 'in', 'in_t', 'out', 'out_t')
+  end
+  for j, dim in ipairs(DIMS) do
     local cap = s.lim[dim[1]]
     if cap >= 0 then
-      local v = redis.call('HMGET', s.rl, dim[2], dim[2] .. '_t')
       local lv = cap
-      if v[1] then lv = math.min(cap, tonumber(v[1]) + (now - tonumber(v[2])) * cap / 60000) end
+      if v[2 * j - 1] then lv = math.min(cap, tonumber(v[2 * j - 1]) + (now - tonumber(v[2 * j])) * cap / 60000) end
       s.levels[dim[2]] = lv
       if dim[3] > cap then
         fail(dim[1], s, cap, dim[3], math.floor(lv), 60000, 0)
@@ -150,18 +153,24 @@ if not admitted then
 end
 
 for _, s in ipairs(scopes) do
+  local fields = {}
   for _, dim in ipairs(DIMS) do
     local lv = s.levels[dim[2]]
-    if lv then redis.call('HSET', s.rl, dim[2], lv - dim[3], dim[2] .. '_t', now) end
+    if lv then
+      fields[#fields + 1] = dim[2]; fields[#fields + 1] = lv - dim[3]
+      fields[#fields + 1] = dim[2] .. '_t'; fields[#fields + 1] = now
+    end
   end
-  if next(s.levels) then redis.call('PEXPIRE', s.rl, 61000) end
+  if #fields > 0 then
+    redis.call('HSET', s.rl, unpack(fields))
+    redis.call('PEXPIRE', s.rl, 61000)
+  end
   if s.conc then
     redis.call('ZADD', s.conc, now + lease_ms, rid)
     if redis.call('PTTL', s.conc) < lease_ms + 1000 then redis.call('PEXPIRE', s.conc, lease_ms + 1000) end
   end
   for _, b in ipairs(s.budgets) do
-    redis.call('INCRBY', b[2], prompt + output)
-    redis.call('PEXPIRE', b[2], b[4])
+    if redis.call('INCRBY', b[2], prompt + output) == prompt + output then redis.call('PEXPIRE', b[2], b[4]) end
   end
 end
 local rk = P .. ':resv:' .. rid
@@ -221,9 +230,9 @@ for _, base in ipairs(scopes) do
   local uk = P .. ':usage:' .. base .. ':' .. r.day
   redis.call('HINCRBY', uk, 'requests', 1)
   redis.call('HINCRBY', uk, 'prompt_tokens', prompt)
-  redis.call('HINCRBY', uk, 'cached_tokens', cached)
   redis.call('HINCRBY', uk, 'completion_tokens', completion)
-  redis.call('HINCRBY', uk, 'errors', err)
+  if cached > 0 then redis.call('HINCRBY', uk, 'cached_tokens', cached) end
+  if err > 0 then redis.call('HINCRBY', uk, 'errors', err) end
 end
 redis.call('HSET', rk, 'settled', 1, 'prompt_used', prompt, 'completion_used', completion)
 redis.call('PEXPIRE', rk, tonumber(ARGV[7]))

@@ -60,14 +60,16 @@ return 1
 """
 
 # Keys derived inside the script: standalone Redis only (one lookup chain, one round trip).
+# Returns only what authentication needs, as one flat array (small replies parse fast):
+# {key id, key status, key tenant_id, tenant id, tenant name, tier, tenant status, cache_salt}.
 _AUTHENTICATE = """
 local kid = redis.call('GET', KEYS[1])
 if not kid then return false end
-local krec = redis.call('HGETALL', ARGV[1] .. ':key:' .. kid)
-local tname = nil
-for i = 1, #krec, 2 do if krec[i] == 'tenant' then tname = krec[i + 1] end end
-if not tname then return false end
-return {krec, redis.call('HGETALL', ARGV[1] .. ':tenant:' .. tname)}
+local k = redis.call('HMGET', ARGV[1] .. ':key:' .. kid, 'status', 'tenant_id', 'tenant')
+if not k[3] then return false end
+local t = redis.call('HMGET', ARGV[1] .. ':tenant:' .. k[3], 'id', 'name', 'tier', 'status', 'cache_salt')
+if not t[1] then return false end
+return {kid, k[1], k[2], t[1], t[2], t[3], t[4], t[5]}
 """
 
 _DELETE_TENANT = """
@@ -190,14 +192,14 @@ class TenantStore:
                                              args=[self.prefix])
         if not found:
             return None
-        krec, trec = text_dict(found[0]), text_dict(found[1])
-        if krec.get("status") != ACTIVE or trec.get("status") != ACTIVE:
+        key_id, key_status, key_tenant_id, tenant_id, name, tier_name, status, salt = (text(x) for x in found)
+        if key_status != ACTIVE or status != ACTIVE:
             return None
-        if trec.get("id") != krec.get("tenant_id"):
+        if tenant_id != key_tenant_id:
             return None  # the tenant was deleted and a new one took the name
-        tier = TIERS.get(trec.get("tier", ""), TIERS[DEFAULT_TIER])
-        return AuthContext(tenant_id=trec["id"], tenant=trec["name"], key_id=krec["id"], tier=tier.name,
-                           priority=tier.priority, weight=tier.weight, cache_salt=trec["cache_salt"])
+        tier = TIERS.get(tier_name, TIERS[DEFAULT_TIER])
+        return AuthContext(tenant_id=tenant_id, tenant=name, key_id=key_id, tier=tier.name,
+                           priority=tier.priority, weight=tier.weight, cache_salt=salt)
 
     # -- tenants -----------------------------------------------------------------
 
