@@ -33,6 +33,9 @@ class PrefixHit:
     num_tokens: int = 0
 
 
+_NO_HIT = PrefixHit()
+
+
 class BlockManager:
     def __init__(
         self, num_device_blocks: int, num_cpu_blocks: int, block_size: int, enable_prefix_caching: bool
@@ -76,13 +79,15 @@ class BlockManager:
 
     def num_new_blocks(self, req: Request, num_new_tokens: int, hit: PrefixHit | None = None) -> int:
         """Free blocks an `allocate(req, num_new_tokens, hit)` would consume (copies included)."""
-        hit = hit or PrefixHit()
-        table = self._tables.get(req.request_id, [])
-        start = req.num_computed_tokens + hit.num_tokens
-        end = self.blocks_for(start + num_new_tokens)
-        fresh = end - len(table) - len(hit.blocks)
-        copies = sum(self._must_copy(table[i]) for i in range(start // self.block_size, min(len(table), end)))
-        return max(fresh, 0) + copies + sum(b.ref_cnt == 0 for b in hit.blocks)
+        table = self._tables.get(req.request_id, ())
+        start = req.num_computed_tokens + (hit.num_tokens if hit else 0)
+        end = -(-(start + num_new_tokens) // self.block_size)
+        needed = max(end - len(table) - (len(hit.blocks) if hit else 0), 0)
+        for i in range(start // self.block_size, min(len(table), end)):  # at most the last block
+            needed += self._must_copy(table[i])
+        if hit:
+            needed += sum(b.ref_cnt == 0 for b in hit.blocks)
+        return needed
 
     # -- prefix cache --------------------------------------------------------------------
 
@@ -139,10 +144,11 @@ class BlockManager:
         block that the new tokens would write into. Returns the (src, dst) copies, or None
         (changing nothing) if fewer than the needed blocks plus `reserve` are free.
         """
-        hit = hit or PrefixHit()
+        hit = hit or _NO_HIT
         if self.num_new_blocks(req, num_new_tokens, hit) + reserve > self.device.num_free:
             return None
         table = self._tables.setdefault(req.request_id, [])
+        size_before = len(table)
         assert not (hit.blocks and table), "prefix hits only for a request without blocks"
         for block in hit.blocks:
             self.device.take(block)
@@ -158,7 +164,8 @@ class BlockManager:
                 table[i] = new
         while len(table) < end:
             table.append(self.device.allocate())
-        req.block_ids = [b.block_id for b in table]
+        if copies or len(table) != size_before:  # most decodes change nothing
+            req.block_ids = [b.block_id for b in table]
         return copies
 
     def fork(self, parent: Request, child: Request, num_tokens: int) -> None:

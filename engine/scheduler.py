@@ -73,6 +73,7 @@ class Scheduler:
         self._clock = clock
         self._live: dict[str, SampleState] = {}  # internal id -> a live sample's bookkeeping
         self._groups: dict[str, SampleGroup] = {}  # client id -> its samples
+        self._forking: set[SampleGroup] = set()  # groups whose samples 1..n-1 are pending
         self._next_seq = 0
         self._finished_ids: list[str] = []
         self._counters = Counters()
@@ -88,6 +89,8 @@ class Scheduler:
         group = split_samples(req)
         now = self._clock()
         self._groups[group.client_id] = group
+        if group.pending:
+            self._forking.add(group)
         for i, sample in enumerate(group.samples):
             self._live[sample.request_id] = SampleState(sample, group, i, self._next_seq, now)
             self._next_seq += 1
@@ -282,7 +285,12 @@ class Scheduler:
     def _preempt_for_urgent(self, now: float, step: _Step) -> None:
         """Make room for the head of the queue by preempting requests far less urgent."""
         req = self.waiting.peek(now)
-        if req is None or not self.running:
+        if req is None:
+            return
+        # The head's static priority: aging orders the queue but never makes a request preempt.
+        gap = self.config.preemption_priority_gap
+        candidates = [r for r in self.running if self._level_of(r) - req.priority >= gap]
+        if not candidates:
             return
         hit = self.bm.find_prefix(req)
         num_new = self._num_new_tokens(req, hit.num_tokens, step.budget)
@@ -296,12 +304,8 @@ class Scheduler:
         short_seats = self._seats_needed(req) - self._free_seats()
         if short_blocks <= 0 and short_seats <= 0:
             return
-        gap = self.config.preemption_priority_gap
-        # The head's static priority: aging orders the queue but never makes a request preempt.
-        candidates = [r for r in self.running if self._level_of(r) - req.priority >= gap]
         candidates.sort(key=victim_order(self._level_of, self._seq_of))
-        victims = plan_room(candidates, short_blocks, short_seats, self._room_freed_by)
-        for victim in victims:
+        for victim in plan_room(candidates, short_blocks, short_seats, self._room_freed_by):
             self._preempt(victim, step, urgent=True)
 
     def _room_freed_by(self, victim: Request) -> tuple[int, int]:
@@ -319,7 +323,8 @@ class Scheduler:
         return 1 + self._pending_count(req)
 
     def _free_seats(self) -> int:
-        reserved = sum(self._pending_count(r) for r in self.running)
+        # Seats held for the pending samples of leaders that run (they fork into them).
+        reserved = sum(len(g.pending) for g in self._forking if g.leader.status is RequestStatus.RUNNING)
         return self.config.max_num_seqs - len(self.running) - reserved
 
     def _has_seats(self, req: Request) -> bool:
@@ -364,6 +369,7 @@ class Scheduler:
             follower.transition(RequestStatus.RUNNING)
             self.running.append(follower)
         group.pending = []
+        self._forking.discard(group)
 
     def _finish(self, req: Request, status: RequestStatus) -> None:
         rid = req.request_id
@@ -379,6 +385,7 @@ class Scheduler:
         self._finished_ids.append(rid)
         if not group.live:
             del self._groups[group.client_id]
+            self._forking.discard(group)
 
     # -- observability -------------------------------------------------------------------
 
