@@ -74,9 +74,13 @@ def _find_request(query_start_loc_ptr, num_seqs, q_block_global, BLOCK_Q: tl.con
 
 @triton.jit
 def _dot(a, b, UPCAST: tl.constexpr):
+    """a @ b accumulated in float32; float32 operands stay exact (no TF32 rounding)."""
     if UPCAST:
         return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-    return tl.dot(a, b, input_precision="ieee")
+    elif a.dtype == tl.float32:
+        return tl.dot(a, b, input_precision="ieee")
+    else:
+        return tl.dot(a, b)
 
 
 @triton.jit
