@@ -53,6 +53,8 @@ class BlockManager:
         self._cpu_tables: dict[str, list[int]] = {}
         self._hashes: dict[str, list[BlockHash]] = {}
         self._num_registered: dict[str, int] = {}
+        self._copy_sources: set[int] = set()
+        self._deferred: list[KVBlock] = []
 
     # -- sizes ---------------------------------------------------------------------------
 
@@ -160,13 +162,30 @@ class BlockManager:
             if self._must_copy(table[i]):
                 new = self.device.allocate()
                 copies.append((table[i].block_id, new.block_id))
-                self.device.release(table[i])
+                self._copy_sources.add(table[i].block_id)
+                self._release(table[i])
                 table[i] = new
         while len(table) < end:
             table.append(self.device.allocate())
         if copies or len(table) != size_before:  # most decodes change nothing
             req.block_ids = [b.block_id for b in table]
         return copies
+
+    def _release(self, block: KVBlock) -> None:
+        # A copy source whose last holder lets go stays held until end_step(), so no swap-in
+        # of the same step lands on a block a copy still has to read, whatever the order
+        # in which the runner applies the moves.
+        if block.ref_cnt == 1 and block.block_id in self._copy_sources:
+            self._deferred.append(block)
+        else:
+            self.device.release(block)
+
+    def end_step(self) -> None:
+        """The runner has applied this step's moves: release what they still needed."""
+        for block in self._deferred:
+            self.device.release(block)
+        self._deferred = []
+        self._copy_sources.clear()
 
     def fork(self, parent: Request, child: Request, num_tokens: int) -> None:
         """Share the parent's blocks covering its first `num_tokens` tokens with the child."""
@@ -185,7 +204,7 @@ class BlockManager:
         so that, among equally old cached blocks, a prefix's tail is evicted before its head.
         `forget=False` keeps the memoized hashes (a recompute will look them up again)."""
         for block in reversed(self._tables.pop(req.request_id, [])):
-            self.device.release(block)
+            self._release(block)
         self._cpu_free.extend(reversed(self._cpu_tables.pop(req.request_id, [])))
         self._num_registered.pop(req.request_id, None)
         if forget:
@@ -206,7 +225,7 @@ class BlockManager:
         cpu = [self._cpu_free.pop() for _ in table]
         pairs = [(b.block_id, c) for b, c in zip(table, cpu, strict=True)]
         for block in reversed(table):
-            self.device.release(block)
+            self._release(block)
         del self._tables[req.request_id]
         self._cpu_tables[req.request_id] = cpu
         self._num_registered.pop(req.request_id, None)
@@ -240,6 +259,8 @@ class BlockManager:
             assert req.block_ids == [b.block_id for b in table], f"{req.request_id}: stale block_ids"
             for block in table:
                 refs[block.block_id] = refs.get(block.block_id, 0) + 1
+        for block in self._deferred:
+            refs[block.block_id] = refs.get(block.block_id, 0) + 1
         self.device.check(refs)
         cpu_held = [c for t in self._cpu_tables.values() for c in t]
         assert len(set(cpu_held) | set(self._cpu_free)) == len(cpu_held) + len(self._cpu_free), (

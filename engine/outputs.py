@@ -36,9 +36,10 @@ class ScheduledChunk:
 
 @dataclass(frozen=True)
 class SchedulerOutput:
-    """One step's work. The runner applies the block moves before the forward pass, in this
-    order: blocks_to_swap_out, blocks_to_copy, blocks_to_swap_in (a device block freed by a
-    swap-out may be the destination of a copy or a swap-in in the same step)."""
+    """One step's work. The runner applies the block moves before the forward pass, with
+    blocks_to_swap_out first (or every source read before any write): a device block freed by
+    a swap-out may be the destination of a copy or a swap-in in the same step. Copies and
+    swap-ins may run in either order."""
 
     chunks: list[ScheduledChunk]
     blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)

@@ -16,9 +16,10 @@ A step, in order:
      waiting ones of equal or lower urgency; waiting ones in FairQueue order. Skipped
      when step 1 preempted (anti-thrash).
 
-The runner must apply a step's block moves in this order before the forward pass:
-blocks_to_swap_out, then blocks_to_copy, then blocks_to_swap_in (a block freed by a
-swap-out may be reused by a copy or a swap-in of the same step).
+The runner applies a step's block moves before the forward pass, the swap-out first
+(or reading every source before writing): a block freed by a swap-out may be the
+destination of a copy or a swap-in of the same step. Copies and swap-ins never touch
+each other's blocks (copy sources stay held until the next step).
 
 Pure Python: no torch, no zmq. Knows nothing of tensors or text.
 """
@@ -115,6 +116,7 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         now = self._clock()
+        self.bm.end_step()
         step = _Step(budget=self.config.max_num_batched_tokens)
         if self.config.policy == "priority":
             self._preempt_for_urgent(now, step)
@@ -133,6 +135,7 @@ class Scheduler:
 
     def update(self, out: SchedulerOutput, runner_output: RunnerOutput) -> list[RequestDelta]:
         """Append sampled tokens, fork pending samples, finish stopped requests."""
+        self.bm.end_step()  # the runner has applied this step's moves
         deltas = []
         for chunk in out.chunks:
             state = self._live.get(chunk.request_id)

@@ -69,8 +69,12 @@ def reference(
 
 
 class FakeRunner:
-    def __init__(self, num_device_blocks: int, num_cpu_blocks: int, block_size: int) -> None:
+    def __init__(
+        self, num_device_blocks: int, num_cpu_blocks: int, block_size: int, copy_last: bool = False
+    ) -> None:
         self.bs = block_size
+        self.copy_last = copy_last
+        """Apply copies after swap-ins (engine/kv_cache.py's order) instead of before."""
         self.device: list[list[int | None]] = [[None] * block_size for _ in range(num_device_blocks)]
         self.cpu: list[list[int | None]] = [[None] * block_size for _ in range(num_cpu_blocks)]
         self.steps = 0
@@ -82,13 +86,16 @@ class FakeRunner:
 
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
         self.steps += 1
-        # The order the scheduler documents: swap out, copy, swap in, then the forward.
+        # Swap-out first, as the scheduler requires; copies and swap-ins in either order.
         for dev, cpu in out.blocks_to_swap_out:
             self.cpu[cpu] = list(self.device[dev])
-        for src, dst in out.blocks_to_copy:
-            self.device[dst] = list(self.device[src])
-        for cpu, dev in out.blocks_to_swap_in:
-            self.device[dev] = list(self.cpu[cpu])
+        moves = [
+            (self.device, out.blocks_to_copy, self.device),
+            (self.cpu, out.blocks_to_swap_in, self.device),
+        ]
+        for src_pool, pairs, dst_pool in reversed(moves) if self.copy_last else moves:
+            for src, dst in pairs:
+                dst_pool[dst] = list(src_pool[src])
         for chunk in out.chunks:
             assert len(chunk.block_ids) * self.bs >= chunk.start_position + len(chunk.token_ids)
             prev = self._read(chunk.block_ids, chunk.start_position - 1) if chunk.start_position else 0

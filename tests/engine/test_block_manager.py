@@ -145,6 +145,10 @@ def test_fork_shares_blocks_and_copies_the_partial_block_on_first_write() -> Non
     bm.free(parent)
     bm.free(child)
     bm.check([])
+    # The copy's source stays held until the step's moves are applied.
+    assert bm.num_free_device_blocks == 7
+    bm.end_step()
+    bm.check([])
     assert bm.num_free_device_blocks == 8
 
 
@@ -231,3 +235,25 @@ def test_random_operations_keep_the_books(ops: list[tuple[str, int]]) -> None:
         bm.free(r)
     bm.check([])
     assert bm.num_free_device_blocks == 10 and bm.num_free_cpu_blocks == 5
+
+
+def test_a_copy_source_is_not_reused_by_a_swap_in_of_the_same_step() -> None:
+    bm = manager(device=4, cpu=4)
+    parked = make_request(3)
+    bm.allocate(parked, 3)
+    parked.num_computed_tokens = 3
+    assert bm.swap_out(parked) is not None  # resumes later in the step below
+    parent = make_request(list(range(1, 4)))
+    bm.allocate(parent, 3)
+    compute(parent, 3)
+    child = make_request(list(range(1, 4)))
+    bm.fork(parent, child, 2)
+    child.num_computed_tokens = 2
+    ((src, dst),) = bm.allocate(child, 1)  # copy-on-write of the shared block
+    assert bm.swap_out(parent) is not None  # its last holder lets go in the same step
+    back = bm.swap_in(parked)
+    assert back is not None and src not in [d for _, d in back], "the copy would read a swapped-in block"
+    bm.check([parked, parent, child])
+    bm.end_step()
+    assert bm.device.blocks[src].ref_cnt == 0
+    bm.check([parked, parent, child])

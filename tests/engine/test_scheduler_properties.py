@@ -74,6 +74,7 @@ def check_workload(specs: list[dict], mode: str, data: st.DataObject) -> None:
     num_blocks = -(-longest // bs) + data.draw(st.integers(0, 4), label="spare_blocks")
     clock = FakeClock()
     sched, runner = make_scheduler(num_blocks, data.draw(st.integers(0, 8)), bs, clock=clock, **config)
+    runner.copy_last = data.draw(st.booleans(), label="copies after swap-ins")
     accepted, aborted, run = {}, set(), Run()
     for t in range(2000):
         for req, spec in zip(reqs, specs, strict=True):
