@@ -15,6 +15,7 @@ from contextlib import AbstractAsyncContextManager
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 
+from gateway.admin_routes import admin_routes
 from gateway.config import GatewayConfig
 from gateway.errors import (
     APIError,
@@ -39,7 +40,7 @@ def create_app(config: GatewayConfig, services: ServicesFactory = open_services)
             yield {"gateway": state}
 
     return Starlette(
-        routes=ROUTES,
+        routes=[*ROUTES, admin_routes(config.admin_token)],
         lifespan=lifespan,
         exception_handlers={
             APIError: api_error_handler,

@@ -6,7 +6,7 @@ tokenizer) live in the lifespan state, never written back here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -21,6 +21,8 @@ class GatewayConfig:
     port: int = 8000
     redis_prefix: str = "ps"
     """Namespace of every Redis key the tenancy store touches."""
+    admin_token: str | None = field(default=None, repr=False)
+    """Bearer token of the /admin routes (PAGESERVE_ADMIN_TOKEN only, never a flag); None disables them."""
     engine_connect_timeout_s: float = 180.0
     """How long start-up waits for the engine's handshake (it may still be loading the model)."""
     engine_retry_interval_s: float = 1.0

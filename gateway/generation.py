@@ -25,6 +25,7 @@ from gateway.detokenizer import IncrementalDetokenizer, Tokenizer
 from gateway.engine_client import EngineDeadError, EngineError, RequestFailedError, RequestStream
 from gateway.errors import APIError, EngineUnavailable, InternalError, InvalidRequest
 from gateway.stop_strings import StopStringMatcher
+from gateway.tenancy.admission import Admission, Ticket
 from shared.protocol import AddRequest, Finished, TokenDelta
 from shared.sampling import SamplingParams
 
@@ -46,6 +47,12 @@ class Caller(Protocol):
     def weight(self) -> float: ...
     @property
     def cache_salt(self) -> str: ...
+    @property
+    def tenant(self) -> str: ...
+    @property
+    def key_id(self) -> str: ...
+    @property
+    def tier(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -85,12 +92,15 @@ class Generation:
     arrival_time: float = field(default_factory=time.time)
     response_headers: dict[str, str] = field(default_factory=dict)
     """Sent with the response (admission puts its x-ratelimit-* headers here)."""
+    admission: Admission | None = None
+    """Quota admission (gateway/tenancy/admission.py); None runs without quotas (unit tests)."""
     failed: bool = field(init=False, default=False)
     """The request ended in an error (engine or internal), not by finishing or a client leaving."""
     usage: Usage = field(init=False)
     _samples: list[_Sample] = field(init=False)
     _stream: RequestStream | None = field(init=False, default=None)
     _closed: bool = field(init=False, default=False)
+    _ticket: Ticket | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.usage = Usage(prompt_tokens=len(self.prompt_token_ids))
@@ -102,14 +112,29 @@ class Generation:
     async def admit(self) -> None:
         """The one place a request is let in (after tokenizing, before the engine sees it).
 
-        Quota admission (tenancy) hooks in here and raises a 429 `APIError` to refuse.
+        Reserves 1 request, the prompt tokens and n x max_tokens output tokens (the
+        most this request can produce); raises QuotaExceeded (429) or
+        TenancyUnavailable (503), which the app's tenancy handler maps.
         """
+        if self.admission is None:
+            return
+        reserve = self.sampling.n * self.sampling.max_tokens
+        self._ticket = await self.admission.admit(self.caller, len(self.prompt_token_ids), reserve)
+        self.response_headers.update(self._ticket.headers)
 
     async def settle(self) -> None:
         """The one place a finished request's usage is recorded (called once, from `close`).
 
-        `self.usage` is exactly what the client was sent; quota settlement hooks in here.
+        `self.usage` is exactly what the client was sent; the ticket settles it
+        exactly once (a Redis outage defers it, never raises here).
         """
+        if self._ticket is None:
+            return
+        if self._stream is None:  # the engine never took it: nothing was served, nothing is charged
+            await self._ticket.settle(0, 0, 0, error=True)
+            return
+        u = self.usage
+        await self._ticket.settle(u.prompt_tokens, u.completion_tokens, u.cached_tokens, error=self.failed)
 
     async def submit(self, engine: Engine) -> None:
         request = AddRequest(

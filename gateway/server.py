@@ -42,6 +42,7 @@ def parse_args(argv: list[str]) -> GatewayConfig:
         redis_prefix=a.redis_prefix,
         engine_connect_timeout_s=a.engine_timeout,
         log_level=a.log_level,
+        admin_token=env("PAGESERVE_ADMIN_TOKEN") or None,  # env only: a flag would show in `ps`
     )
 
 

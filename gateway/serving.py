@@ -60,6 +60,7 @@ async def serve(
         stop=settings.stop,
         caller=caller,
         tokenizer=state.prompts.tokenizer,
+        admission=state.admission,
     )
     await gen.admit()
     # From here on the request is admitted: every path ends in exactly one gen.close().

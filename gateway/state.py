@@ -20,6 +20,7 @@ from gateway.config import GatewayConfig
 from gateway.errors import EngineUnavailable
 from gateway.generation import Engine
 from gateway.prompts import Prompts
+from gateway.tenancy.admission import Admission
 from shared.protocol import Ready, Stats
 
 
@@ -50,6 +51,8 @@ class GatewayState:
     store: KeyStore
     redis: HealthCheck
     """Anything with `async ping() -> bool` (the tenancy store's Redis check)."""
+    admission: Admission | None = None
+    """Quota admission over the same Redis pool; None runs without quotas (unit tests)."""
 
     def engine_client(self) -> EngineHandle:
         """The live engine client, or a 503 for this request."""
@@ -78,10 +81,13 @@ async def open_services(config: GatewayConfig) -> AsyncIterator[GatewayState]:
     prompts = await Prompts.load(config.model)
     redis = connect(config.redis_url)
     store = TenantStore(redis, prefix=config.redis_prefix, actor="gateway")
+    admission = Admission(redis, prefix=config.redis_prefix)
     link = EngineLink(config.engine_address, retry_interval_s=config.engine_retry_interval_s)
     try:
         await link.start(config.engine_connect_timeout_s)
-        yield GatewayState(config=config, engine=link, prompts=prompts, store=store, redis=store)
+        yield GatewayState(config=config, engine=link, prompts=prompts, store=store, redis=store,
+                           admission=admission)
     finally:
+        await admission.aclose()
         await link.close()
         await redis.aclose()

@@ -27,14 +27,13 @@ import logging
 import uuid
 from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import redis.asyncio as aioredis
 
 from gateway.tenancy.errors import InvalidArgument, QuotaExceeded, TenancyUnavailable
 from gateway.tenancy.limiter_lua import ADMIT, HEARTBEAT, SETTLE
 from gateway.tenancy.redis_conn import ping, unavailable_on_failure
-from gateway.tenancy.store import AuthContext
 from gateway.tenancy.tiers import DEFAULT_TIER, TIERS
 
 log = logging.getLogger("pageserve.tenancy")
@@ -47,6 +46,17 @@ _WHAT = {
     "daily_tokens": "daily token budget",
     "monthly_tokens": "monthly token budget",
 }
+
+
+class Principal(Protocol):
+    """Who is admitted: an AuthContext, or anything with the same three names."""
+
+    @property
+    def tenant(self) -> str: ...
+    @property
+    def key_id(self) -> str: ...
+    @property
+    def tier(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -137,7 +147,7 @@ class Admission:
         """True when Redis answers (for /health); never raises."""
         return await ping(self.redis)
 
-    async def admit(self, auth: AuthContext, prompt_tokens: int, max_tokens: int | None) -> Ticket:
+    async def admit(self, auth: Principal, prompt_tokens: int, max_tokens: int | None) -> Ticket:
         """Reserve and return a ticket, or raise QuotaExceeded / TenancyUnavailable.
 
         max_tokens: the most output tokens the request may produce in total
@@ -195,7 +205,7 @@ class Admission:
 class Ticket:
     """One admitted request: its rate-limit headers, its lease heartbeat and its settlement."""
 
-    def __init__(self, admission: Admission, reservation_id: str, auth: AuthContext, prompt_tokens: int,
+    def __init__(self, admission: Admission, reservation_id: str, auth: Principal, prompt_tokens: int,
                  output_tokens: int, headers: dict[str, str]) -> None:
         self.admission = admission
         self.reservation_id = reservation_id

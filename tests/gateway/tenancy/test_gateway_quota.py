@@ -1,0 +1,250 @@
+"""Quotas through the real gateway app: real Redis, real tokenizer, the scripted fake engine.
+
+What the HTTP client sees (429 bodies and headers, x-ratelimit-* on success,
+503 when Redis is gone) and what Redis records (usage = exactly the tokens the
+client was sent, for finished, stopped and cut streams). The e2e suite runs the
+real engine; here the engine is `tests/gateway/fakes.FakeEngine`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import json
+import logging
+import secrets
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from starlette.testclient import TestClient
+
+from gateway.app import create_app
+from gateway.config import GatewayConfig
+from gateway.prompts import Prompts
+from gateway.state import GatewayState
+from gateway.tenancy import TenantStore, connect
+from gateway.tenancy.admission import Admission
+from gateway.tenancy.quota import LIMIT_FIELDS
+from gateway.tenancy.quota_store import QuotaStore
+from gateway.tenancy.usage import UsageReader, UsageRow
+from tests.gateway.fakes import FakeEngine, FakeEngineSource, Script
+from tests.gateway.tenancy.restartable_redis import RestartableRedis
+
+CHAT = {"model": "smollm2", "messages": [{"role": "user", "content": "What is the capital of France?"}]}
+TOKENS = [7042, 314, 17915, 30]  # " Paris is lovely."
+ADMIN_TOKEN = "test-admin-token"
+
+
+@dataclass
+class Gateway:
+    client: TestClient
+    engine: FakeEngine
+    redis_url: str
+    prefix: str
+    key: str
+    key_id: str
+
+    def chat(self, key: str | None = None, **body: Any) -> Any:
+        return self.client.post("/v1/chat/completions", json={**CHAT, **body},
+                                headers={"Authorization": f"Bearer {key or self.key}"})
+
+    def usage(self) -> UsageRow | None:
+        async def read() -> list[UsageRow]:
+            client = connect(self.redis_url)
+            try:
+                today = dt.datetime.now(dt.UTC).date()
+                return await UsageReader(client, self.prefix).read("tenant", ["acme"], today, today)
+            finally:
+                await client.aclose()
+
+        rows = asyncio.run(read())
+        return rows[0] if rows else None
+
+
+async def _tenant(redis_url: str, prefix: str, limits: dict[str, int | None]) -> tuple[str, str]:
+    client = connect(redis_url)
+    try:
+        store = TenantStore(client, prefix, actor="test")
+        await store.create_tenant("acme", tier="premium")
+        key, info = await store.create_key("acme")
+        changes: dict[str, int | None | str] = {f: None for f in LIMIT_FIELDS}
+        changes.update(limits)
+        await QuotaStore(store).set("acme", None, changes)
+        return key, info.id
+    finally:
+        await client.aclose()
+
+
+def services_with_admission(engine: FakeEngine, tokenizer: Any) -> Callable[[GatewayConfig], Any]:
+    @contextlib.asynccontextmanager
+    async def services(cfg: GatewayConfig) -> AsyncIterator[GatewayState]:
+        redis = connect(cfg.redis_url)
+        store = TenantStore(redis, prefix=cfg.redis_prefix, actor="gateway")
+        admission = Admission(redis, prefix=cfg.redis_prefix)
+        try:
+            yield GatewayState(cfg, FakeEngineSource(engine), Prompts(tokenizer), store, store, admission)
+        finally:
+            await admission.aclose()
+            await redis.aclose()
+
+    return services
+
+
+@pytest.fixture
+def make_gateway(tokenizer: Any, redis_url: str) -> Iterator[Callable[..., Gateway]]:
+    stack = contextlib.ExitStack()
+
+    def build(script: Callable[[Any], Script] = lambda r: Script([TOKENS] * r.sampling.n),
+              url: str | None = None, **limits: int | None) -> Gateway:
+        url = url or redis_url
+        prefix = "g" + secrets.token_hex(4)
+        engine = FakeEngine(script)
+        key, key_id = asyncio.run(_tenant(url, prefix, limits))
+        config = GatewayConfig(redis_url=url, redis_prefix=prefix, admin_token=ADMIN_TOKEN)
+        client = stack.enter_context(TestClient(create_app(config, services_with_admission(engine, tokenizer))))
+        return Gateway(client, engine, url, prefix, key, key_id)
+
+    yield build
+    stack.close()
+
+
+def test_requests_over_the_limit_get_429_with_openai_body_and_headers(make_gateway):
+    gw = make_gateway(rpm=2)
+    ok = [gw.chat(max_tokens=8) for _ in range(2)]
+    assert [r.status_code for r in ok] == [200, 200]
+    assert ok[1].headers["x-ratelimit-limit-requests"] == "2"
+    assert ok[1].headers["x-ratelimit-remaining-requests"] == "0"
+    assert ok[1].headers["x-ratelimit-reset-requests"].endswith("s")
+    refused = gw.chat(max_tokens=8)
+    assert refused.status_code == 429
+    error = refused.json()["error"]
+    assert (error["type"], error["code"]) == ("requests", "rate_limit_exceeded")
+    assert "requests per minute" in error["message"]
+    assert int(refused.headers["retry-after"]) >= 1 and int(refused.headers["retry-after-ms"]) > 0
+    assert refused.headers["x-ratelimit-remaining-requests"] == "0"
+    assert len(gw.engine.submitted) == 2  # a refused request never reaches the engine
+
+
+def test_exhausted_budget_is_insufficient_quota(make_gateway):
+    gw = make_gateway(daily_tokens=60)
+    assert gw.chat(max_tokens=10).status_code == 200  # reserves prompt + 10, settles to prompt + 4
+    refused = gw.chat(max_tokens=40)
+    assert refused.status_code == 429
+    assert (refused.json()["error"]["type"], refused.json()["error"]["code"]) == ("tokens", "insufficient_quota")
+
+
+def test_tier_reaches_the_engine_as_priority_weight_and_salt(make_gateway):
+    gw = make_gateway()
+    assert gw.chat(max_tokens=4).status_code == 200
+    sent = gw.engine.submitted[0]
+    assert (sent.priority, sent.weight) == (0, 4.0)  # premium
+    assert sent.tenant_id.startswith("t_") and len(sent.cache_salt) == 32
+
+
+def test_usage_is_exactly_what_each_client_was_sent(make_gateway):
+    gw = make_gateway(script=lambda r: Script([TOKENS] * r.sampling.n, reason="stop"))
+    whole = gw.chat(max_tokens=50).json()["usage"]
+    lines = gw.chat(max_tokens=50, stream=True, stream_options={"include_usage": True}).text.splitlines()
+    chunks = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+    streamed = chunks[-1]["usage"]
+    stopped = gw.chat(max_tokens=50, stop=[" is"]).json()  # stop string after the first token
+    assert stopped["choices"][0]["message"]["content"] == " Paris"
+    n2 = gw.chat(max_tokens=50, n=2).json()["usage"]
+    row = gw.usage()
+    sent = [whole, streamed, stopped["usage"], n2]
+    assert row.requests == 4
+    assert row.prompt_tokens == sum(u["prompt_tokens"] for u in sent)
+    assert row.completion_tokens == sum(u["completion_tokens"] for u in sent) == 4 + 4 + 2 + 8
+    assert row.errors == 0
+
+
+def test_engine_failure_mid_stream_counts_an_error_and_the_tokens_sent(make_gateway):
+    gw = make_gateway(script=lambda r: Script([TOKENS[:2]], fail=RuntimeError("boom")))
+    body = gw.chat(max_tokens=50, stream=True).text
+    assert '"error"' in body
+    row = gw.usage()
+    assert (row.requests, row.completion_tokens, row.errors) == (1, 2, 1)
+
+
+def test_refused_and_unauthenticated_requests_leave_keys_out_of_logs(make_gateway, caplog):
+    gw = make_gateway(rpm=1)
+    caplog.set_level(logging.DEBUG)
+    wrong = "ps-" + "x" * 43
+    texts = [gw.chat(max_tokens=4).text, gw.chat(max_tokens=4).text, gw.chat(key=wrong).text]
+    assert "429" not in texts[0] and '"rate_limit_exceeded"' in texts[1] and "invalid_api_key" in texts[2]
+    everything = "\n".join(texts) + "\n".join(r.getMessage() for r in caplog.records)
+    assert gw.key not in everything and wrong not in everything
+
+
+def test_admin_routes_are_mounted_behind_the_admin_token(make_gateway):
+    gw = make_gateway()
+    assert gw.client.get("/admin/tenants").status_code == 401
+    r = gw.client.get("/admin/tenants", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+    assert r.status_code == 200 and [t["name"] for t in r.json()] == ["acme"]
+    r = gw.client.post("/admin/tenants/acme/suspend", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+    assert r.status_code == 200
+    assert gw.chat(max_tokens=4).status_code == 401  # suspension takes effect at once
+
+
+def test_redis_outage_is_503_and_service_resumes_by_itself(make_gateway):
+    server = RestartableRedis()
+    server.start()
+    try:
+        gw = make_gateway(url=server.url)
+        assert gw.chat(max_tokens=4).status_code == 200
+        server.stop()
+        down = gw.chat(max_tokens=4)
+        assert down.status_code == 503 and "unavailable" in down.json()["error"]["message"]
+        health = gw.client.get("/health")
+        assert health.status_code == 503 and health.json()["redis"]["healthy"] is False
+        server.start()
+        assert gw.chat(max_tokens=4).status_code == 200
+        assert gw.client.get("/health").json()["redis"]["healthy"] is True
+    finally:
+        server.close()
+
+
+@pytest.mark.anyio
+async def test_a_stream_cut_by_the_client_is_charged_for_what_was_sent(tokenizer, redis_url):
+    """ASGI level, so the test decides when the client hangs up (after the second token)."""
+    prefix = "c" + secrets.token_hex(4)
+    key, _ = await _tenant(redis_url, prefix, {"output_tpm": 1000})
+    engine = FakeEngine(lambda r: Script([TOKENS[:2]], hang=True))
+    redis = connect(redis_url)
+    store = TenantStore(redis, prefix=prefix, actor="test")
+    admission = Admission(redis, prefix=prefix)
+    state = GatewayState(GatewayConfig(), FakeEngineSource(engine), Prompts(tokenizer), store, store, admission)
+    received, cut = bytearray(), asyncio.Event()
+    messages = [{"type": "http.request", "body": json.dumps({**CHAT, "stream": True, "max_tokens": 200}).encode(),
+                 "more_body": False}]
+
+    async def receive() -> dict[str, Any]:
+        if messages:
+            return messages.pop(0)
+        await cut.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        received.extend(message.get("body", b""))
+        if " is" in received.decode(errors="replace"):
+            cut.set()
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers":
+             [(b"authorization", f"Bearer {key}".encode()), (b"content-type", b"application/json")],
+             "query_string": b"", "http_version": "1.1", "scheme": "http", "server": ("t", 80),
+             "client": ("c", 1), "root_path": "", "state": {"gateway": state}}
+    await asyncio.wait_for(create_app(GatewayConfig())(scope, receive, send), 5)
+    assert b"data: " in received, bytes(received)
+    today = dt.datetime.now(dt.UTC).date()
+    row = (await UsageReader(redis, prefix).read("tenant", ["acme"], today, today))[0]
+    assert engine.aborted == [engine.submitted[0].request_id]
+    assert (row.requests, row.completion_tokens) == (1, 2)
+    assert row.prompt_tokens == len(engine.submitted[0].prompt_token_ids)
+    # the 198 reserved-but-unsent output tokens went back to the per-minute bucket
+    assert int(float(await redis.hget(f"{prefix}:rl:tenant:acme", "out"))) >= 1000 - 2
+    await admission.aclose()
+    await redis.aclose()
+
