@@ -42,7 +42,10 @@ CASES = [
 
 
 def allowance(field: str, elapsed: float) -> int:
-    """50, plus what a per-minute bucket refilled during a slow burst (none if it took < 1.2 s)."""
+    """The most a burst may get: 50, plus what a per-minute bucket refilled while it ran (none under 1.2 s).
+
+    Elapsed is measured around the whole burst, so it over-states the refill window: the
+    tests assert 50 <= admitted <= allowance, which is exactly 50 for any burst under 1.2 s."""
     return 50 + (int(elapsed * 50 / 60) if field in ("rpm", "input_tpm", "output_tpm") else 0)
 
 
@@ -51,7 +54,7 @@ async def test_a_burst_of_200_admits_exactly_the_tenant_allowance(store, admissi
                                                                   output, kind, code):
     _, auth = await make_tenant(store, **{field: limit})
     admitted, refused, elapsed = await burst(admission, auth, prompt, output)
-    assert len(admitted) == allowance(field, elapsed)  # exactly 50 unless the burst took over 1.2 s
+    assert 50 <= len(admitted) <= allowance(field, elapsed)  # exactly 50 unless the burst took over 1.2 s
     assert {(r.limit_type, r.code) for r in refused} == {(kind, code)}
     assert all(r.fits and r.retry_after_ms > 0 for r in refused)
 
@@ -63,7 +66,7 @@ async def test_a_key_limit_binds_one_key_not_its_siblings(store, admission, fiel
     sibling = await store.authenticate((await store.create_key("acme"))[0])
     await QuotaStore(store).set("acme", auth.key_id, {field: limit})
     admitted, refused, elapsed = await burst(admission, auth, prompt, output)
-    assert len(admitted) == allowance(field, elapsed)
+    assert 50 <= len(admitted) <= allowance(field, elapsed)
     assert f"key {auth.key_id}" in refused[0].message
     others, refused_others, _ = await burst(admission, sibling, prompt, output, n=60)
     assert len(others) == 60 and not refused_others

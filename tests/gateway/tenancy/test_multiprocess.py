@@ -43,7 +43,7 @@ async def test_two_processes_bursting_together_admit_exactly_the_limit(store, cl
     assert all(o["other"] == [] for o in outputs), outputs
     assert sum(o["refused"] + o["admitted"] for o in outputs) == 200
     refill = int(elapsed * 50 / 60) if field == "rpm" else 0  # zero unless the burst took over 1.2 s
-    assert sum(o["admitted"] for o in outputs) == 50 + refill, (outputs, elapsed)
+    assert 50 <= sum(o["admitted"] for o in outputs) <= 50 + refill, (outputs, elapsed)
 
 
 async def test_a_killed_process_holds_its_concurrency_slot_no_longer_than_the_lease(store, client, prefix,
