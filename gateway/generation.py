@@ -94,6 +94,9 @@ class Generation:
     """Sent with the response (admission puts its x-ratelimit-* headers here)."""
     admission: Admission | None = None
     """Quota admission (gateway/tenancy/admission.py); None runs without quotas (unit tests)."""
+    max_tokens_given: bool = True
+    """False when max_tokens is the gateway's default (the room left in the context): admission then
+    reserves its configured default cap per sample instead, and settles whatever was produced."""
     failed: bool = field(init=False, default=False)
     """The request ended in an error (engine or internal), not by finishing or a client leaving."""
     usage: Usage = field(init=False)
@@ -112,13 +115,16 @@ class Generation:
     async def admit(self) -> None:
         """The one place a request is let in (after tokenizing, before the engine sees it).
 
-        Reserves 1 request, the prompt tokens and n x max_tokens output tokens (the
-        most this request can produce); raises QuotaExceeded (429) or
-        TenancyUnavailable (503), which the app's tenancy handler maps.
+        Reserves 1 request, the prompt tokens and n x max_tokens output tokens (n x
+        the configured default cap when the client gave no max_tokens); raises
+        QuotaExceeded (429) or TenancyUnavailable (503), mapped by the app's tenancy handler.
         """
         if self.admission is None:
             return
-        reserve = self.sampling.n * self.sampling.max_tokens
+        per_sample = self.sampling.max_tokens
+        if not self.max_tokens_given:
+            per_sample = min(per_sample, self.admission.config.default_max_tokens)
+        reserve = self.sampling.n * per_sample
         self._ticket = await self.admission.admit(self.caller, len(self.prompt_token_ids), reserve)
         self.response_headers.update(self._ticket.headers)
 

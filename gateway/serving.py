@@ -61,6 +61,7 @@ async def serve(
         caller=caller,
         tokenizer=state.prompts.tokenizer,
         admission=state.admission,
+        max_tokens_given=settings.max_tokens_given,
     )
     await gen.admit()
     # From here on the request is admitted: every path ends in exactly one gen.close().

@@ -26,7 +26,7 @@ from gateway.config import GatewayConfig
 from gateway.prompts import Prompts
 from gateway.state import GatewayState
 from gateway.tenancy import TenantStore, connect
-from gateway.tenancy.admission import Admission
+from gateway.tenancy.admission import Admission, AdmissionConfig
 from gateway.tenancy.quota import LIMIT_FIELDS
 from gateway.tenancy.quota_store import QuotaStore
 from gateway.tenancy.usage import UsageReader, UsageRow
@@ -78,12 +78,13 @@ async def _tenant(redis_url: str, prefix: str, limits: dict[str, int | None]) ->
         await client.aclose()
 
 
-def services_with_admission(engine: FakeEngine, tokenizer: Any) -> Callable[[GatewayConfig], Any]:
+def services_with_admission(engine: FakeEngine, tokenizer: Any,
+                            admission_config: AdmissionConfig | None = None) -> Callable[[GatewayConfig], Any]:
     @contextlib.asynccontextmanager
     async def services(cfg: GatewayConfig) -> AsyncIterator[GatewayState]:
         redis = connect(cfg.redis_url)
         store = TenantStore(redis, prefix=cfg.redis_prefix, actor="gateway")
-        admission = Admission(redis, prefix=cfg.redis_prefix)
+        admission = Admission(redis, prefix=cfg.redis_prefix, config=admission_config)
         try:
             yield GatewayState(cfg, FakeEngineSource(engine), Prompts(tokenizer), store, store, admission)
         finally:
@@ -98,13 +99,15 @@ def make_gateway(tokenizer: Any, redis_url: str) -> Iterator[Callable[..., Gatew
     stack = contextlib.ExitStack()
 
     def build(script: Callable[[Any], Script] = lambda r: Script([TOKENS] * r.sampling.n),
-              url: str | None = None, **limits: int | None) -> Gateway:
+              url: str | None = None, admission_config: AdmissionConfig | None = None,
+              **limits: int | None) -> Gateway:
         url = url or redis_url
         prefix = "g" + secrets.token_hex(4)
         engine = FakeEngine(script)
         key, key_id = asyncio.run(_tenant(url, prefix, limits))
         config = GatewayConfig(redis_url=url, redis_prefix=prefix, admin_token=ADMIN_TOKEN)
-        client = stack.enter_context(TestClient(create_app(config, services_with_admission(engine, tokenizer))))
+        services = services_with_admission(engine, tokenizer, admission_config)
+        client = stack.enter_context(TestClient(create_app(config, services)))
         return Gateway(client, engine, url, prefix, key, key_id)
 
     yield build
@@ -126,6 +129,17 @@ def test_requests_over_the_limit_get_429_with_openai_body_and_headers(make_gatew
     assert int(refused.headers["retry-after"]) >= 1 and int(refused.headers["retry-after-ms"]) > 0
     assert refused.headers["x-ratelimit-remaining-requests"] == "0"
     assert len(gw.engine.submitted) == 2  # a refused request never reaches the engine
+
+
+def test_streams_carry_the_headers_and_a_missing_max_tokens_reserves_the_default_cap(make_gateway):
+    gw = make_gateway(admission_config=AdmissionConfig(default_max_tokens=50), output_tpm=1000)
+    streamed = gw.chat(stream=True)  # no max_tokens: the gateway allows the context's room (> 50)
+    assert streamed.status_code == 200 and streamed.text.rstrip().endswith("data: [DONE]")
+    assert streamed.headers["x-ratelimit-limit-tokens"] == "1000"
+    assert streamed.headers["x-ratelimit-remaining-tokens"] == "950"
+    assert gw.engine.submitted[0].sampling.max_tokens > 50
+    given = gw.chat(max_tokens=200, n=2)
+    assert 1000 - 50 - 400 <= int(given.headers["x-ratelimit-remaining-tokens"]) <= 1000 - 400  # + refunds
 
 
 def test_exhausted_budget_is_insufficient_quota(make_gateway):
