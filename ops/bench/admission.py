@@ -11,10 +11,14 @@ redis-server on a free port unless --redis-url is given):
               per second through the admission layer (each is 3 Redis round
               trips, 2 of them Lua scripts).
 
+  --gateway   the same through the real gateway app over HTTP on loopback
+              (`ops/bench/noop_gateway.py`: real routing, auth, chat template,
+              JSON; an engine that answers at once), run twice, with quota
+              admission off and on: the difference is what admission adds
+              per request, end to end.
+
 The tenant has every limit set (rpm, tokens per minute, concurrency, budgets)
-high enough never to refuse, so every request runs the full script. HTTP and
-the engine are not included: this is the admission layer alone (the gateway
-adds it once per request). Target: p99 of the sum under 2 ms on loopback. A
+high enough never to refuse, so every request runs the full script. Target: p99 of the sum under 2 ms on loopback. A
 bare PING is timed alongside: on a host whose CPUs are contended its p99 shows
 how much of the tail is scheduling, not admission.
 """
@@ -30,11 +34,14 @@ import shutil
 import socket
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
+
+import httpx
 
 from gateway.tenancy import TenantStore, connect
 from gateway.tenancy.admission import Admission
@@ -154,6 +161,85 @@ def throughput(url: str, prefix: str, key: str, processes: int, concurrency: int
     return total / (time.monotonic() - start)
 
 
+CHAT = {"model": "smollm2", "messages": [{"role": "user", "content": "What is the capital of France?"}],
+        "max_tokens": 1}
+
+
+@contextmanager
+def noop_gateway(url: str, prefix: str, mode: str) -> Iterator[str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "ops.bench.noop_gateway", str(port), url, prefix, mode])
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{base}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("the bench gateway did not start")
+            time.sleep(0.1)
+        yield base
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
+async def http_run(base: str, key: str, n: int, concurrency: int, seconds: float) -> tuple[list[float], float]:
+    """Sequential latencies (ms) of n requests, then requests/s with `concurrency` clients for `seconds`."""
+    headers = {"Authorization": f"Bearer {key}"}
+    async with httpx.AsyncClient(base_url=base, headers=headers, timeout=30,
+                                 limits=httpx.Limits(max_connections=concurrency)) as client:
+        latencies = []
+        for i in range(n + n // 10):
+            t0 = time.perf_counter()
+            r = await client.post("/v1/chat/completions", json=CHAT)
+            if r.status_code != 200:
+                raise SystemExit(f"bench request failed: {r.status_code} {r.text}")
+            if i >= n // 10:
+                latencies.append((time.perf_counter() - t0) * 1000)
+        done = 0
+        deadline = time.monotonic() + seconds
+
+        async def worker() -> None:
+            nonlocal done
+            while time.monotonic() < deadline:
+                r = await client.post("/v1/chat/completions", json=CHAT)
+                if r.status_code != 200:
+                    raise SystemExit(f"bench request failed: {r.status_code} {r.text}")
+                done += 1
+
+        start = time.monotonic()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return latencies, done / (time.monotonic() - start)
+
+
+def gateway_bench(url: str, prefix: str, key: str, a: argparse.Namespace) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for mode in ("off", "on"):
+        with noop_gateway(url, prefix, mode) as base:
+            lat, rps = asyncio.run(http_run(base, key, a.requests, a.concurrency, a.seconds))
+        result[mode] = {"p50_ms": statistics.median(lat), "p99_ms": pct(lat, 0.99),
+                        "mean_ms": statistics.fmean(lat), "rps": rps}
+    result["added"] = {q: result["on"][q] - result["off"][q] for q in ("p50_ms", "p99_ms", "mean_ms")}
+    return result
+
+
+def print_gateway(result: dict[str, Any], a: argparse.Namespace) -> None:
+    print(f"\nthrough the gateway (HTTP on loopback, no-op engine; {a.requests} sequential requests, "
+          f"then {a.concurrency} concurrent clients for {a.seconds:g} s)")
+    print(f"{'admission':<12}{'p50 ms':>9}{'p99 ms':>9}{'mean ms':>9}{'req/s':>9}")
+    for mode in ("off", "on"):
+        v = result[mode]
+        print(f"{mode:<12}{v['p50_ms']:>9.3f}{v['p99_ms']:>9.3f}{v['mean_ms']:>9.3f}{v['rps']:>9.0f}")
+    added = result["added"]
+    print(f"{'added':<12}{added['p50_ms']:>9.3f}{added['p99_ms']:>9.3f}{added['mean_ms']:>9.3f}")
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="pageserve bench admission", description=__doc__.split("\n\n")[0])
     p.add_argument("--redis-url", default=None, help="default: a private redis-server on a free port")
@@ -161,6 +247,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--concurrency", type=int, default=32, help="coroutines per process for throughput")
     p.add_argument("--processes", type=int, default=1)
     p.add_argument("--seconds", type=float, default=5.0)
+    p.add_argument("--gateway", action="store_true", help="also measure through the gateway app over HTTP")
     p.add_argument("--json", dest="json_path", default=None, help="also write the results to this file")
     a = p.parse_args(argv)
     prefix = f"bench{os.getpid()}"
@@ -168,6 +255,7 @@ def main(argv: list[str]) -> int:
         key = asyncio.run(setup(url, prefix))
         lat, script_us = asyncio.run(latency(url, prefix, key, a.requests))
         rps = throughput(url, prefix, key, a.processes, a.concurrency, a.seconds)
+        through_gateway = gateway_bench(url, prefix, key, a) if a.gateway else None
     print(f"admission path on {url.split('@')[-1]} ({a.requests} sequential requests)")
     print(f"{'step':<14}{'p50 ms':>9}{'p99 ms':>9}{'mean ms':>9}")
     for name, v in lat.items():
@@ -177,9 +265,12 @@ def main(argv: list[str]) -> int:
           f"{a.processes} process(es) x {a.concurrency} concurrent, {a.seconds:g} s)")
     verdict = "meets" if lat["total"]["p99_ms"] < 2.0 else "misses"
     print(f"p99 added latency {lat['total']['p99_ms']:.3f} ms {verdict} the 2 ms target")
+    if through_gateway is not None:
+        print_gateway(through_gateway, a)
     if a.json_path:
         result: dict[str, Any] = {"latency": lat, "script_us_per_call": script_us, "throughput_rps": rps, "processes": a.processes,
-                                  "concurrency": a.concurrency, "seconds": a.seconds, "requests": a.requests}
+                                  "concurrency": a.concurrency, "seconds": a.seconds, "requests": a.requests,
+                                  "gateway": through_gateway}
         with open(a.json_path, "w") as f:
             json.dump(result, f, indent=2)
     return 0
