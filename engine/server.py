@@ -24,6 +24,7 @@ import argparse
 import contextlib
 import logging
 import math
+import os
 import signal
 import socket
 import sys
@@ -62,7 +63,10 @@ class CoreLike(Protocol):
     """What the server needs from engine.core.EngineCore."""
 
     def add_request(self, request: Request) -> None: ...
-    def abort_requests(self, request_ids: Iterable[str]) -> None: ...
+    def abort_requests(self, request_ids: Iterable[str]) -> list[RequestDelta]:
+        """Stop these requests now (their blocks are freed); the returned deltas are not needed here."""
+        ...
+
     def step(self) -> list[RequestDelta]: ...
     def has_unfinished_requests(self) -> bool: ...
     def counts(self) -> CoreCounts: ...
@@ -193,7 +197,11 @@ class EngineServer:
 
     def _close(self) -> None:
         self._sock.close(linger=self.config.close_linger_ms)
-        self._ctx.term()
+        self._ctx.term()  # returns once the final messages are flushed (or the linger ran out)
+        if self.address.startswith("ipc://"):  # libzmq leaves the socket file behind
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.address.removeprefix("ipc://"))
+        log.info("engine stopped")
         self._wake_r.close()
         self._wake_w.close()
 

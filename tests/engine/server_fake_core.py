@@ -36,10 +36,13 @@ class FakeCore:
             raise ValueError("max_tokens too large for the fake core")
         self.requests[request.request_id] = request
 
-    def abort_requests(self, request_ids: Iterable[str]) -> None:
+    def abort_requests(self, request_ids: Iterable[str]) -> list[RequestDelta]:
+        out = []
         for rid in request_ids:
-            if self.requests.pop(rid, None) is not None:
+            if (r := self.requests.pop(rid, None)) is not None:
                 self.aborted.append(rid)
+                out.append(RequestDelta(rid, [], r.num_prompt_tokens, r.num_output_tokens, 0, "abort"))
+        return out
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
@@ -82,9 +85,9 @@ class Running:
         return self.exit_code[0]
 
 
-def start_server(grace_s: float = 0.2) -> Running:
+def start_server(grace_s: float = 0.2, listen: str = "tcp://127.0.0.1:*") -> Running:
     core = FakeCore()
-    server = EngineServer(core, INFO, ServerConfig(listen="tcp://127.0.0.1:*", shutdown_grace_s=grace_s,
+    server = EngineServer(core, INFO, ServerConfig(listen=listen, shutdown_grace_s=grace_s,
                                                    close_linger_ms=500))
     exit_code: list[int] = []
     thread = threading.Thread(target=lambda: exit_code.append(server.serve()), daemon=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import zmq
@@ -314,3 +315,14 @@ def test_the_idle_loop_does_not_spin(engine: Running) -> None:
     p0 = time.process_time()
     time.sleep(0.5)
     assert time.process_time() - p0 - (time.thread_time() - cpu0) < 0.05
+
+
+def test_an_ipc_address_works_and_its_socket_file_goes_away(ctx: zmq.Context, tmp_path: Path) -> None:
+    path = tmp_path / "engine.sock"
+    running = start_server(listen=f"ipc://{path}")
+    assert running.server.address == f"ipc://{path}" and path.exists()
+    gw = Gateway(ctx, running.server.address)
+    gw.send(add("over-ipc", max_tokens=2))
+    assert gw.recv_until_finished({"over-ipc"})
+    assert running.stop() == 0
+    assert not path.exists()

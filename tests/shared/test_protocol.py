@@ -195,7 +195,7 @@ _values = st.recursive(
 )
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.integers(0, 13), st.lists(_values, max_size=14))
 def test_structured_garbage_never_raises_anything_but_protocol_error(tag: int, fields: list) -> None:
     try:
