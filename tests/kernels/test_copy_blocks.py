@@ -49,3 +49,14 @@ def test_mismatched_caches_are_refused() -> None:
         copy_blocks(caches, torch.tensor([[0, 1]]))
     with pytest.raises(KernelArgError, match="src_dst"):
         copy_blocks(caches[:1], torch.tensor([0, 1]))
+
+
+def test_views_of_one_pool_tensor() -> None:
+    """The engine keeps every layer's K and V in one (L, 2, N, block...) pool: copy through its views."""
+    pool = torch.randn(3, 2, 6, 16, 2, 32)
+    expected = pool.clone()
+    pairs = torch.tensor([[5, 1], [0, 2]])
+    copy_blocks([pool[layer, kv] for layer in range(3) for kv in range(2)], pairs)
+    copy_blocks_ref([expected[layer, kv] for layer in range(3) for kv in range(2)], pairs)
+    assert torch.equal(pool, expected)
+    assert torch.equal(pool[2, 1, 1], pool[2, 1, 5])
