@@ -95,11 +95,89 @@ def _path(request: Request, name: str) -> str:
     return str(request.path_params[name])
 
 
+async def _tenant_list(request: Request, ops: AdminOps) -> OpResult:
+    return await ops.tenant_list()
+
+
+async def _tenant_create(request: Request, ops: AdminOps) -> OpResult:
+    data = await _body(request)
+    name = _field(data, "name", str)
+    if not name:
+        raise InvalidRequest("'name' is required", param="name", code="missing_field")
+    return await ops.tenant_create(name, _field(data, "tier", str, DEFAULT_TIER))
+
+
+def _by_name(method: str) -> Handler:
+    """A handler that calls `AdminOps.<method>(name)` with the {name} path parameter."""
+
+    async def handler(request: Request, ops: AdminOps) -> OpResult:
+        result: OpResult = await getattr(ops, method)(_path(request, "name"))
+        return result
+
+    return handler
+
+
+async def _key_create(request: Request, ops: AdminOps) -> OpResult:
+    label = _field(await _body(request), "label", str)
+    return await ops.key_create(_path(request, "name"), label)
+
+
+async def _key_revoke(request: Request, ops: AdminOps) -> OpResult:
+    return await ops.key_revoke(_path(request, "key_id"))
+
+
+async def _key_rotate(request: Request, ops: AdminOps) -> OpResult:
+    grace = _field(await _body(request), "grace_s", (int, float), 3600.0)
+    return await ops.key_rotate(_path(request, "key_id"), float(grace))
+
+
+async def _quota_show(request: Request, ops: AdminOps) -> OpResult:
+    return await ops.quota_show(_path(request, "name"), request.query_params.get("key"))
+
+
+async def _quota_set(request: Request, ops: AdminOps) -> OpResult:
+    data = await _body(request)
+    limits = _field(data, "limits", dict, {})
+    changes = {str(k): "unlimited" if v is None else str(v) for k, v in limits.items()}
+    return await ops.quota_set(_path(request, "name"), _field(data, "key_id", str), changes)
+
+
+async def _usage_show(request: Request, ops: AdminOps) -> OpResult:
+    q = request.query_params
+    return await ops.usage_show(q.get("tenant"), q.get("key"), q.get("since"), q.get("until"))
+
+
+async def _audit_show(request: Request, ops: AdminOps) -> OpResult:
+    limit = request.query_params.get("limit", "50")
+    if not limit.isdigit():
+        raise InvalidRequest("'limit' must be a positive integer", param="limit", code="invalid_value")
+    return await ops.audit_show(int(limit))
+
+
+# (method, path, handler, 201 on success, the response holds a key)
+_TABLE: list[tuple[str, str, Handler, bool, bool]] = [
+    ("GET", "/tenants", _tenant_list, False, False),
+    ("POST", "/tenants", _tenant_create, True, False),
+    ("GET", "/tenants/{name}", _by_name("tenant_show"), False, False),
+    ("DELETE", "/tenants/{name}", _by_name("tenant_delete"), False, False),
+    ("POST", "/tenants/{name}/suspend", _by_name("tenant_suspend"), False, False),
+    ("POST", "/tenants/{name}/resume", _by_name("tenant_resume"), False, False),
+    ("GET", "/tenants/{name}/keys", _by_name("key_list"), False, False),
+    ("POST", "/tenants/{name}/keys", _key_create, True, True),
+    ("GET", "/tenants/{name}/quota", _quota_show, False, False),
+    ("PUT", "/tenants/{name}/quota", _quota_set, False, False),
+    ("POST", "/keys/{key_id}/revoke", _key_revoke, False, False),
+    ("POST", "/keys/{key_id}/rotate", _key_rotate, False, True),
+    ("GET", "/usage", _usage_show, False, False),
+    ("GET", "/audit", _audit_show, False, False),
+]
+
+
 def admin_routes(admin_token: str | None, get_store: StoreGetter = _gateway_store) -> Mount:
     """The /admin mount. `admin_token=None` disables it (404 everywhere)."""
     expected = admin_token.encode("utf-8") if admin_token else None
 
-    def endpoint(handler: Handler, created: bool = False, secret: bool = False) -> Callable[[Request], Any]:
+    def endpoint(handler: Handler, created: bool, secret: bool) -> Callable[[Request], Awaitable[Response]]:
         async def run(request: Request) -> Response:
             if expected is None:
                 return NotFound("the admin API is disabled: set PAGESERVE_ADMIN_TOKEN", code="not_found").response()
@@ -120,66 +198,6 @@ def admin_routes(admin_token: str | None, get_store: StoreGetter = _gateway_stor
 
         return run
 
-    async def tenant_create(request: Request, ops: AdminOps) -> OpResult:
-        data = await _body(request)
-        name = _field(data, "name", str)
-        if not name:
-            raise InvalidRequest("'name' is required", param="name", code="missing_field")
-        return await ops.tenant_create(name, _field(data, "tier", str, DEFAULT_TIER))
-
-    async def key_create(request: Request, ops: AdminOps) -> OpResult:
-        label = _field(await _body(request), "label", str)
-        return await ops.key_create(_path(request, "name"), label)
-
-    async def key_rotate(request: Request, ops: AdminOps) -> OpResult:
-        grace = _field(await _body(request), "grace_s", (int, float), 3600.0)
-        return await ops.key_rotate(_path(request, "key_id"), float(grace))
-
-    async def quota_set(request: Request, ops: AdminOps) -> OpResult:
-        data = await _body(request)
-        limits = _field(data, "limits", dict, {})
-        changes = {str(k): "unlimited" if v is None else str(v) for k, v in limits.items()}
-        return await ops.quota_set(_path(request, "name"), _field(data, "key_id", str), changes)
-
-    async def usage_show(request: Request, ops: AdminOps) -> OpResult:
-        q = request.query_params
-        return await ops.usage_show(q.get("tenant"), q.get("key"), q.get("since"), q.get("until"))
-
-    async def audit_show(request: Request, ops: AdminOps) -> OpResult:
-        limit = request.query_params.get("limit", "50")
-        if not limit.isdigit():
-            raise InvalidRequest("'limit' must be a positive integer", param="limit", code="invalid_value")
-        return await ops.audit_show(int(limit))
-
-    def name_op(method: str) -> Handler:
-        async def handler(request: Request, ops: AdminOps) -> OpResult:
-            result: OpResult = await getattr(ops, method)(_path(request, "name"))
-            return result
-
-        return handler
-
-    async def key_revoke(request: Request, ops: AdminOps) -> OpResult:
-        return await ops.key_revoke(_path(request, "key_id"))
-
-    async def tenant_list(request: Request, ops: AdminOps) -> OpResult:
-        return await ops.tenant_list()
-
-    async def quota_show(request: Request, ops: AdminOps) -> OpResult:
-        return await ops.quota_show(_path(request, "name"), request.query_params.get("key"))
-
-    return Mount("/admin", routes=[
-        Route("/tenants", endpoint(tenant_list), methods=["GET"]),
-        Route("/tenants", endpoint(tenant_create, created=True), methods=["POST"]),
-        Route("/tenants/{name}", endpoint(name_op("tenant_show")), methods=["GET"]),
-        Route("/tenants/{name}", endpoint(name_op("tenant_delete")), methods=["DELETE"]),
-        Route("/tenants/{name}/suspend", endpoint(name_op("tenant_suspend")), methods=["POST"]),
-        Route("/tenants/{name}/resume", endpoint(name_op("tenant_resume")), methods=["POST"]),
-        Route("/tenants/{name}/keys", endpoint(name_op("key_list")), methods=["GET"]),
-        Route("/tenants/{name}/keys", endpoint(key_create, created=True, secret=True), methods=["POST"]),
-        Route("/tenants/{name}/quota", endpoint(quota_show), methods=["GET"]),
-        Route("/tenants/{name}/quota", endpoint(quota_set), methods=["PUT"]),
-        Route("/keys/{key_id}/revoke", endpoint(key_revoke), methods=["POST"]),
-        Route("/keys/{key_id}/rotate", endpoint(key_rotate, secret=True), methods=["POST"]),
-        Route("/usage", endpoint(usage_show), methods=["GET"]),
-        Route("/audit", endpoint(audit_show), methods=["GET"]),
-    ])
+    routes = [Route(path, endpoint(handler, created, secret), methods=[method])
+              for method, path, handler, created, secret in _TABLE]
+    return Mount("/admin", routes=routes)
