@@ -386,12 +386,26 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _probe_listen(address: str) -> None:
+    """Raise ValueError if the address cannot be bound (taken, malformed)."""
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    try:
+        sock.bind(address)
+    except zmq.ZMQError as e:
+        raise ValueError(f"cannot listen on {address}: {e}") from None
+    finally:
+        sock.close(linger=0)
+        ctx.term()
+
+
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from engine.core_factory import build_core  # torch and the model load only here
-
     try:
+        _probe_listen(args.listen)  # fail at once, not after torch and the model loaded
+        from engine.core_factory import build_core  # torch and the model load only here
+
         core, info = build_core(args)
     except ValueError as e:  # a configuration error: say it plainly, no traceback
         print(f"pageserve engine: {e}", file=sys.stderr)

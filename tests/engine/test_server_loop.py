@@ -326,3 +326,17 @@ def test_an_ipc_address_works_and_its_socket_file_goes_away(ctx: zmq.Context, tm
     assert gw.recv_until_finished({"over-ipc"})
     assert running.stop() == 0
     assert not path.exists()
+
+
+def test_main_refuses_a_taken_or_malformed_address_before_loading_anything(
+    ctx: zmq.Context, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from engine.server import main
+
+    taken = ctx.socket(zmq.ROUTER)
+    taken.bind("tcp://127.0.0.1:*")
+    address = taken.getsockopt_string(zmq.LAST_ENDPOINT)
+    assert main(["--listen", address]) == 2
+    assert f"cannot listen on {address}: Address already in use" in capsys.readouterr().err
+    assert main(["--listen", "tcp://no-port-here"]) == 2
+    assert "cannot listen on tcp://no-port-here" in capsys.readouterr().err
