@@ -135,3 +135,26 @@ def test_full_grid(q_lens, seq_lens, group, head_dim, block_size, dtype) -> None
 def test_full_grid_forced_splits(num_splits, dtype) -> None:
     batch = make_batch([1, 1, 4], [1023, 5, 600], n_q=8, n_kv=2, head_dim=64, block_size=16, dtype=dtype)
     assert_close_to_reference(run(batch, num_splits=num_splits), batch.reference(), dtype)
+
+
+@pytest.mark.kernel_full
+@pytest.mark.parametrize("seed", range(24))
+def test_random_batches(seed) -> None:
+    """Random mixes of idle requests, decodes, fresh prompts and chunks over cached context."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def pick(options):
+        return options[int(torch.randint(len(options), (1,), generator=gen))]
+
+    batch_size = int(torch.randint(1, 7, (1,), generator=gen))
+    q_lens = [pick([0, 1, 1, 1, 3, 16, 17, 40]) for _ in range(batch_size)]
+    seq_lens = [q + pick([0, 0, 1, 15, 31, 64, 130]) for q in q_lens]
+    seq_lens = [max(s, 1) for s in seq_lens]
+    group, n_kv, dtype = pick([1, 2, 4, 7]), pick([1, 2]), pick([F32, F16, BF16])
+    head_dim, block_size = pick([16, 32, 64]), pick([16, 32])
+    batch = make_batch(
+        q_lens, seq_lens, n_q=group * n_kv, n_kv=n_kv, head_dim=head_dim, block_size=block_size,
+        dtype=dtype, seed=seed,
+    )  # fmt: skip
+    splits = pick([None, None, 2, 5])
+    assert_close_to_reference(run(batch, num_splits=splits), batch.reference(), dtype)
