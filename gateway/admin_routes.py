@@ -11,7 +11,7 @@
     POST   /admin/keys/{key_id}/rotate             {"grace_s"?: 3600}           -> the new key, once
     GET    /admin/tenants/{name}/quota[?key=KEY_ID]
     PUT    /admin/tenants/{name}/quota             {"key_id"?, "limits": {"rpm": 60 | "unlimited" | "default", ...}}
-    GET    /admin/usage[?tenant=&key=&since=YYYY-MM-DD&until=YYYY-MM-DD]
+    GET    /admin/usage[?tenant=&key=&by_key=1&since=YYYY-MM-DD&until=YYYY-MM-DD]
     GET    /admin/audit[?limit=50]
 
 The token (`PAGESERVE_ADMIN_TOKEN`, or the gateway's config) is sent as
@@ -144,7 +144,8 @@ async def _quota_set(request: Request, ops: AdminOps) -> OpResult:
 
 async def _usage_show(request: Request, ops: AdminOps) -> OpResult:
     q = request.query_params
-    return await ops.usage_show(q.get("tenant"), q.get("key"), q.get("since"), q.get("until"))
+    by_key = q.get("by_key", "") in ("1", "true")
+    return await ops.usage_show(q.get("tenant"), q.get("key"), q.get("since"), q.get("until"), by_key)
 
 
 async def _audit_show(request: Request, ops: AdminOps) -> OpResult:

@@ -10,7 +10,7 @@ $PAGESERVE_REDIS_PREFIX, default "ps"). Every change lands in the audit log.
     pageserve admin key list TENANT | revoke KEY_ID | rotate KEY_ID [--grace SECONDS]
     pageserve admin quota set TENANT [--key KEY_ID] [--rpm N] [--input-tpm N] ... (N | unlimited | default)
     pageserve admin quota show TENANT [--key KEY_ID]
-    pageserve admin usage show [TENANT] [--key KEY_ID] [--since DATE] [--until DATE] [--json]
+    pageserve admin usage show [TENANT [--by-key]] [--key KEY_ID] [--since DATE] [--until DATE] [--json]
     pageserve admin audit show [--limit N]
 
 Exit status: 0 done, 1 refused (unknown tenant, duplicate, bad value), 2 usage
@@ -84,7 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     usage = groups.add_parser("usage", help="usage").add_subparsers(dest="cmd", required=True)
     p = leaf(usage, "show", "usage per day")
     p.add_argument("tenant", nargs="?", default=None)
-    p.add_argument("--key", dest="key_id", default=None)
+    p.add_argument("--key", dest="key_id", default=None, help="one key's usage")
+    p.add_argument("--by-key", action="store_true", help="a row per key of TENANT")
     p.add_argument("--since", default=None, help="first UTC day, YYYY-MM-DD (default: 30 days ago)")
     p.add_argument("--until", default=None, help="last UTC day, YYYY-MM-DD (default: today)")
 
@@ -109,7 +110,7 @@ def _dispatch(ops: AdminOps, a: argparse.Namespace) -> Callable[[], Awaitable[Op
         ("quota", "set"): lambda: ops.quota_set(
             a.tenant, a.key_id, {f: getattr(a, f) for f in LIMIT_FIELDS if getattr(a, f) is not None}),
         ("quota", "show"): lambda: ops.quota_show(a.tenant, a.key_id),
-        ("usage", "show"): lambda: ops.usage_show(a.tenant, a.key_id, a.since, a.until),
+        ("usage", "show"): lambda: ops.usage_show(a.tenant, a.key_id, a.since, a.until, a.by_key),
         ("audit", "show"): lambda: ops.audit_show(a.limit),
     }
     return table[(a.group, a.cmd)]

@@ -130,7 +130,8 @@ class AdminOps:
     # -- usage and audit -----------------------------------------------------------
 
     async def usage_show(self, tenant: str | None, key_id: str | None, since: str | None,
-                         until: str | None) -> OpResult:
+                         until: str | None, by_key: bool = False) -> OpResult:
+        """Per day; per tenant (all tenants by default), one key (key_id), or each key of a tenant (by_key)."""
         today = dt.datetime.now(dt.UTC).date()
         last = _parse_day(until, today)
         first = _parse_day(since, last - dt.timedelta(days=29))
@@ -138,10 +139,15 @@ class AdminOps:
             raise InvalidArgument(f"--since {first} is after --until {last}")
         if (last - first).days > 3660:
             raise InvalidArgument("the range is limited to ten years")
-        if key_id is not None:
-            info = await self.store.get_key(key_id)
-            rows = await self.usage.read("key", [key_id], first, last)
-            rows = [UsageRow(**{**r.to_dict(), "tenant": info.tenant}) for r in rows]
+        if key_id is not None or by_key:
+            if key_id is not None:
+                owners = {key_id: (await self.store.get_key(key_id)).tenant}
+            elif tenant is None:
+                raise InvalidArgument("--by-key needs a tenant")
+            else:
+                owners = {k.id: tenant for k in await self.store.list_keys(tenant)}
+            rows = await self.usage.read("key", list(owners), first, last)
+            rows = [UsageRow(**{**r.to_dict(), "tenant": owners[r.key_id or ""]}) for r in rows]
         else:
             names = [tenant] if tenant else [t.name for t in await self.store.list_tenants()]
             rows = await self.usage.read("tenant", names, first, last)

@@ -51,6 +51,8 @@ async def test_every_admin_operation_over_http(http: httpx.AsyncClient, store: T
     assert [(r["requests"], r["prompt_tokens"], r["completion_tokens"]) for r in rows] == [(1, 11, 5)]
     rows = (await http.get("/admin/usage", params={"key": key_id})).json()["rows"]
     assert rows[0]["key_id"] == key_id and rows[0]["tenant"] == "acme"
+    rows = (await http.get("/admin/usage", params={"tenant": "acme", "by_key": "1"})).json()["rows"]
+    assert [(r["key_id"], r["completion_tokens"]) for r in rows] == [(key_id, 5)]
 
     assert (await http.post("/admin/tenants/acme/suspend")).json()["status"] == "suspended"
     assert await store.authenticate(key) is None
