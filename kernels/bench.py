@@ -148,20 +148,28 @@ def check_correctness(args: argparse.Namespace, device: str) -> float:
     return worst
 
 
-def kernel_options(args: argparse.Namespace) -> dict[str, int | None]:
-    return {"tile_n": args.tile_n, "num_warps": args.num_warps, "num_stages": args.num_stages}
+@dataclass(frozen=True)
+class LaunchOptions:
+    tile_n: int | None = None
+    num_warps: int | None = None
+    num_stages: int = 3
+
+
+def kernel_options(args: argparse.Namespace) -> LaunchOptions:
+    return LaunchOptions(args.tile_n, args.num_warps, args.num_stages)
 
 
 def sweep(args: argparse.Namespace, device: str, bench, copy_bps: float) -> None:
     """Time a few launch configurations on two shapes; print the best of each (tuning aid)."""
     shapes = ((2, 64), (3, 48)) if args.dry_run else ((1, 32768), (64, 2048))
-    configs = [(32, 4, 3), (64, 4, 3), (64, 4, 2), (64, 8, 3), (128, 8, 2), (128, 4, 2)]
+    # stages >= 5 is where Triton 3.9 double-buffers the block-table-indirect K/V loads
+    configs = [(32, 4, 3), (64, 4, 3), (64, 8, 3), (128, 8, 3), (32, 4, 5), (64, 4, 5)]
     if args.dry_run:
         configs = configs[:2]
     for batch, context in shapes:
         results = []
         for tile_n, warps, stages in configs:
-            opts = {"tile_n": tile_n, "num_warps": warps, "num_stages": stages}
+            opts = LaunchOptions(tile_n, warps, stages)
             row = measure(batch, context, args, device, bench, copy_bps, opts, with_sdpa=False)
             results.append((row.pct_of_copy, tile_n, warps, stages))
             print(f"  sweep {batch}x{context} tile_n={tile_n} warps={warps} stages={stages}: "
@@ -177,7 +185,7 @@ def measure(
     device: str,
     bench: Callable[[Callable[[], object]], float],
     copy_bps: float,
-    options: dict[str, int | None],
+    options: LaunchOptions,
     with_sdpa: bool = True,
 ) -> Row:
     import torch
@@ -190,7 +198,8 @@ def measure(
     def run() -> object:
         return paged_attention(
             query, k_cache, v_cache, table, qsl, seq_lens, scale,
-            max_query_len=1, max_seq_len=context, out=out, **options,
+            max_query_len=1, max_seq_len=context, out=out, tile_n=options.tile_n,
+            num_warps=options.num_warps, num_stages=options.num_stages,
         )  # fmt: skip
 
     t_triton = bench(run)
@@ -203,7 +212,7 @@ def measure(
     return Row(
         batch=batch,
         context=context,
-        num_splits=options.get("num_splits") or choose_num_splits(batch * args.n_kv, context, query.device),
+        num_splits=choose_num_splits(batch * args.n_kv, context, query.device),
         triton_us=t_triton * 1e6,
         triton_gbps=io_bytes / t_triton / 1e9,
         pct_of_copy=100 * io_bytes / t_triton / copy_bps,
