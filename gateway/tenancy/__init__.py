@@ -3,11 +3,17 @@
 The gateway imports from here only:
 
     connect(url) -> redis client          TenantStore(redis).authenticate(key) -> AuthContext | None
+    Admission(redis).admit(auth, prompt_tokens, max_tokens) -> Ticket (headers, settle(...))
     TenancyUnavailable -> 503             QuotaExceeded -> 429 (body(), headers)
+
+Admin operations (CLI and /admin routes) go through `admin_ops.AdminOps`.
+Redis is the only state; admission fails closed when it is unreachable (there
+is no local fallback: authentication needs Redis too).
 
 Nothing in this package imports the HTTP app (Starlette lives in gateway/admin_routes.py).
 """
 
+from gateway.tenancy.admission import Admission, AdmissionConfig, Settlement, Ticket
 from gateway.tenancy.errors import (
     InvalidArgument,
     KeyNotFound,
@@ -21,6 +27,10 @@ from gateway.tenancy.redis_conn import connect
 from gateway.tenancy.store import AuthContext, KeyInfo, Tenant, TenantStore
 
 __all__ = [
+    "Admission",
+    "AdmissionConfig",
+    "Settlement",
+    "Ticket",
     "AuthContext",
     "InvalidArgument",
     "KeyInfo",

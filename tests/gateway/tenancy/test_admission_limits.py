@@ -7,6 +7,8 @@ import datetime as dt
 import time
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from gateway.tenancy import QuotaExceeded, TenantStore
 from gateway.tenancy.admission import Admission, Ticket, format_duration
@@ -156,3 +158,33 @@ async def test_zero_limit_refuses_everything(store, admission):
                                           (59_999, "59.999s"), (360_000, "6m0s"), (7_380_000, "2h3m0s")])
 def test_reset_durations_use_openai_format(ms, text):
     assert format_duration(ms) == text
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(limit=st.integers(0, 4), key_limit=st.none() | st.integers(0, 4),
+       ops=st.lists(st.sampled_from(["admit", "admit_sibling", "settle_oldest", "settle_newest"]), max_size=25))
+async def test_concurrency_matches_a_model_of_held_slots(store, admission, limit, key_limit, ops):
+    """Property: a request is admitted iff the tenant (and its key, if limited) holds fewer slots than allowed."""
+    name = f"c{len(await store.list_tenants())}"
+    _, auth = await make_tenant(store, name=name, concurrency=limit)
+    sibling = await store.authenticate((await store.create_key(name))[0])
+    if key_limit is not None:
+        await QuotaStore(store).set(name, auth.key_id, {"concurrency": key_limit})
+    held: list[tuple[Ticket, bool]] = []  # (ticket, is it the limited key's)
+    for op in ops:
+        if op.startswith("admit"):
+            mine = op == "admit"
+            tenant_room = len(held) < limit
+            key_room = not mine or key_limit is None or sum(m for _, m in held) < key_limit
+            try:
+                ticket = await admission.admit(auth if mine else sibling, 1, 1)
+                assert tenant_room and key_room
+                held.append((ticket, mine))
+            except QuotaExceeded as exc:
+                assert not (tenant_room and key_room)
+                assert "concurrent" in exc.message
+        elif held:
+            ticket, _ = held.pop(0 if op == "settle_oldest" else -1)
+            assert (await ticket.settle(1, 1)).status == "settled"
+    for ticket, _ in held:
+        await ticket.settle(1, 0)
