@@ -1,0 +1,91 @@
+"""The engine's configuration: frozen dataclasses, one per component, built once at start-up.
+
+    EngineConfig
+      ├─ model: ModelConfig          which weights, which dtype, how long a sequence may be
+      ├─ cache: CacheConfig          KV block size and the memory budgets of both pools
+      ├─ scheduler: SchedulerConfig  (engine/scheduler_config.py, the scheduler's own knobs)
+      └─ attention_backend           "auto" | "torch" | "triton"
+
+Nothing here is ever written after construction. What start-up derives from
+these values (how many KV blocks fit in the budget, the model's real context
+length) lives in `CacheLayout` (engine/kv_cache.py) and `ModelInfo`
+(engine/core.py), never back in a config.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from engine.scheduler_config import SchedulerConfig
+
+DType = Literal["float32", "bfloat16", "float16"]
+DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
+BACKENDS: tuple[str, ...] = ("auto", "torch", "triton")
+
+GiB = 1 << 30
+MiB = 1 << 20
+
+
+class ConfigError(ValueError):
+    """A configuration value is out of range (a start-up error, not a request error)."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model: str = "smollm2"
+    """Model spec for `shared.model_store.resolve_model`: a short name or a local HF folder."""
+    dtype: DType = "float32"
+    """Weights, activations and KV cache dtype."""
+    max_model_len: int | None = None
+    """Longest prompt + output; None takes the model's max_position_embeddings."""
+    device: str = "cpu"
+    """Where the weights and the device KV pool live ("cpu" or "cuda")."""
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"dtype must be one of {DTYPES}, not {self.dtype!r}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ConfigError("max_model_len must be at least 2")
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    block_size: int = 16
+    """Tokens per KV block: the unit of allocation (waste per request < one block)."""
+    kv_cache_memory: int = 2 * GiB
+    """Bytes of the device KV pool (K and V of every layer); the block count is derived from it."""
+    swap_space: int = 512 * MiB
+    """Bytes of the CPU pool that preempted requests are swapped out to (0 disables swapping)."""
+    num_device_blocks: int | None = None
+    """Override the derived device block count (tests force tiny budgets with it)."""
+    num_cpu_blocks: int | None = None
+    """Override the derived CPU block count."""
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1:
+            raise ConfigError("block_size must be positive")
+        if self.kv_cache_memory < 0 or self.swap_space < 0:
+            raise ConfigError("memory budgets must be non-negative")
+        if self.num_device_blocks is not None and self.num_device_blocks < 1:
+            raise ConfigError("num_device_blocks must be positive")
+        if self.num_cpu_blocks is not None and self.num_cpu_blocks < 0:
+            raise ConfigError("num_cpu_blocks must be non-negative")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """Which model, in which dtype."""
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    """The paged KV cache."""
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    """Continuous batching: token budget, seats, priorities, preemption."""
+    attention_backend: str = "auto"
+    """"torch" (kernels/cpu_attention.py), "triton" (kernels/, needs CUDA), or "auto" by device."""
+    seed: int = 0
+    """Seeds the generators of requests that give no seed of their own."""
+
+    def __post_init__(self) -> None:
+        if self.attention_backend not in BACKENDS:
+            raise ConfigError(f"attention_backend must be one of {BACKENDS}, not {self.attention_backend!r}")

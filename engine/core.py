@@ -1,0 +1,112 @@
+"""EngineCore: the synchronous step loop glue. Token ids in, token deltas out; no I/O.
+
+    EngineCore(config)
+      load weights (model_loader) -> size the KV cache from the budget (CacheLayout)
+      -> Scheduler (pure Python) + ModelRunner (owns the device)
+
+    step():  out = scheduler.schedule()          what runs, which blocks move
+             result = runner.execute(out)        forward + sample
+             return scheduler.update(out, result) deltas for the clients
+
+The engine server (engine/server.py) wraps this in the ZeroMQ process and the
+offline `LLM` (engine/llm.py) drives it in a loop. Both see token ids only: the
+core never imports a tokenizer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.config import EngineConfig
+from engine.kv_cache import CacheLayout, KVCache
+from engine.model_loader import DTYPES, load_model
+from engine.model_runner import ModelRunner
+from engine.outputs import RequestDelta
+from engine.request import Request
+from engine.sampler import Sampler
+from engine.scheduler import Scheduler, SchedulerStats
+from engine.step_stats import CoreCounts
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """Facts about the loaded model and its cache, derived at start-up."""
+
+    name: str
+    path: Path
+    """The HF folder (the gateway and `LLM` load the tokenizer from it)."""
+    dtype: str
+    max_model_len: int
+    eos_token_id: int | None
+    vocab_size: int
+    block_size: int
+    num_device_blocks: int
+    num_cpu_blocks: int
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        loaded = load_model(config.model)
+        dtype = DTYPES[config.model.dtype]
+        layout = CacheLayout.from_budget(config.cache, loaded.shape, dtype)
+        # The context is the smallest of the model's positions, the model flag, and the scheduler's.
+        limit = config.model.max_model_len or config.scheduler.max_model_len
+        max_model_len = min(loaded.max_model_len, limit)
+        self.scheduler = Scheduler(
+            dataclasses.replace(config.scheduler, max_model_len=max_model_len),
+            layout.num_device_blocks,
+            layout.num_cpu_blocks,
+            layout.block_size,
+        )
+        self.kv_cache = KVCache(layout, config.model.device)
+        self.runner = ModelRunner(loaded.model, self.kv_cache, Sampler(config.seed), config.attention_backend)
+        self.model_info = ModelInfo(
+            name=loaded.name,
+            path=loaded.path,
+            dtype=config.model.dtype,
+            max_model_len=max_model_len,
+            eos_token_id=loaded.eos_token_id,
+            vocab_size=loaded.shape.vocab_size,
+            block_size=layout.block_size,
+            num_device_blocks=layout.num_device_blocks,
+            num_cpu_blocks=layout.num_cpu_blocks,
+        )
+
+    def add_request(self, request: Request) -> None:
+        """Queue a request (raises RequestRejected when it could never run)."""
+        if request.eos_token_id is None:  # ignore_eos is honoured by the scheduler's stop rule
+            request.eos_token_id = self.model_info.eos_token_id
+        self.scheduler.add_request(request)
+
+    def abort_requests(self, request_ids: Iterable[str]) -> list[RequestDelta]:
+        return self.scheduler.abort_requests(list(request_ids))
+
+    def step(self) -> list[RequestDelta]:
+        out = self.scheduler.schedule()
+        result = self.runner.execute(out)
+        return self.scheduler.update(out, result)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def has_unfinished_requests(self) -> bool:
+        """Alias for the engine server's CoreLike protocol."""
+        return self.scheduler.has_unfinished()
+
+    def stats(self) -> SchedulerStats:
+        return self.scheduler.stats()
+
+    def counts(self) -> CoreCounts:
+        s = self.scheduler.stats()
+        return CoreCounts(
+            num_running=s.running,
+            num_waiting=s.waiting,
+            num_swapped=s.swapped,
+            num_free_blocks=s.free_device_blocks,
+            num_total_blocks=s.total_device_blocks,
+            num_preemptions=s.preemptions,
+        )

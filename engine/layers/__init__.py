@@ -1,0 +1,1 @@
+"""Building blocks of the decoder models: norm, rotary embedding, paged attention, MLP."""

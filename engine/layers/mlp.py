@@ -1,0 +1,22 @@
+"""SwiGLU feed-forward: down(silu(gate(x)) * up(x)), gate and up fused into one product."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class GatedMLP(nn.Module):
+    def __init__(self, hidden_size: int, intermediate_size: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.intermediate_size = intermediate_size
+        self.gate_up_weight = nn.Parameter(
+            torch.empty(2 * intermediate_size, hidden_size, dtype=dtype), requires_grad=False
+        )
+        self.down_weight = nn.Parameter(torch.empty(hidden_size, intermediate_size, dtype=dtype), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (T, H) -> (T, H)
+        gate_up = F.linear(x, self.gate_up_weight)  # (T, 2 I)
+        gate, up = gate_up[:, : self.intermediate_size], gate_up[:, self.intermediate_size :]
+        return F.linear(F.silu(gate) * up, self.down_weight)

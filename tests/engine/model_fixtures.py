@@ -1,0 +1,44 @@
+"""Shared builders for model tests: tiny random Llama folders and engines over them.
+
+Import the fixtures you use into a test module (`from tests.engine.model_fixtures import tiny_model`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from engine.llm import LLM
+from engine.scheduler_config import SchedulerConfig
+from engine.testing import tiny_llama_folder
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """3 layers, hidden 64, 4 heads over 2 KV heads, tied embeddings, vocab 512."""
+    return tiny_llama_folder(tmp_path_factory.mktemp("tiny-llama"))
+
+
+def make_llm(model: Path | str, *, blocks: int = 64, block_size: int = 4, budget: int = 32, seqs: int = 8,
+             cpu_blocks: int = 64, **kwargs: Any) -> LLM:
+    sched = SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=seqs, **kwargs)
+    return LLM(str(model), num_device_blocks=blocks, num_cpu_blocks=cpu_blocks, block_size=block_size, scheduler=sched)
+
+
+def random_prompts(lengths: list[int], vocab: int, seed: int = 0) -> list[list[int]]:
+    """Token ids in [3, vocab): no bos/eos/pad ids."""
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, vocab, (n,), generator=g).tolist() for n in lengths]
+
+
+def hf_greedy(model: Any, prompt: list[int], max_new_tokens: int) -> list[int]:
+    """Hugging Face's own greedy generate, one prompt at a time (no padding), EOS ignored."""
+    ids = torch.tensor([prompt])
+    out = model.generate(
+        ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
+        do_sample=False, pad_token_id=0,
+    )
+    return out[0, len(prompt):].tolist()

@@ -1,0 +1,104 @@
+"""kernels/cpu_attention.py against kernels/reference.py: odd shapes, mixed batches, NaN-poisoned caches."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import cpu_attention as ca
+from kernels import reference as ref
+
+
+def _batch(q_lens, seq_lens, *, n_q=6, n_kv=2, hd=24, block_size=5, dtype=torch.float32, seed=0):
+    """A paged batch whose unused slots are NaN (reading one poisons the output)."""
+    gen = torch.Generator().manual_seed(seed)
+    nb_per = [(s + block_size - 1) // block_size for s in seq_lens]
+    num_blocks = sum(nb_per) + 7
+    perm = torch.randperm(num_blocks, generator=gen).tolist()
+    kc = torch.full((num_blocks, block_size, n_kv, hd), float("nan"), dtype=dtype)
+    vc = torch.full_like(kc, float("nan"))
+    max_blocks = max(nb_per) + 2
+    tables, used = [], 0
+    for n, s in zip(nb_per, seq_lens, strict=True):
+        t = perm[used : used + n]
+        used += n
+        tables.append(t + [perm[-1]] * (max_blocks - n))  # spare entries point at a NaN block
+        for p in range(s):
+            kc[t[p // block_size], p % block_size] = torch.randn(n_kv, hd, generator=gen).to(dtype)
+            vc[t[p // block_size], p % block_size] = torch.randn(n_kv, hd, generator=gen).to(dtype)
+    query = torch.randn(sum(q_lens), n_q, hd, generator=gen).to(dtype)
+    starts = [0]
+    for q in q_lens:
+        starts.append(starts[-1] + q)
+    return (
+        query,
+        kc,
+        vc,
+        torch.tensor(tables, dtype=torch.int32),
+        torch.tensor(starts, dtype=torch.int32),
+        torch.tensor(seq_lens, dtype=torch.int32),
+        hd**-0.5,
+    )
+
+
+CASES = {
+    "decode_only": ([1] * 7, [1, 5, 6, 33, 17, 70, 4]),
+    "fresh_prefills": ([13, 1, 29], [13, 9, 29]),
+    "continued_chunks": ([7, 11, 1, 3], [19, 11, 64, 41]),
+    "mixed_with_empty": ([1, 0, 9, 1, 1], [23, 8, 30, 2, 16]),
+    "gqa_ratio_1": ([2, 1, 5], [8, 12, 5]),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_paged_attention_matches_reference(case: str, dtype: torch.dtype) -> None:
+    q_lens, seq_lens = CASES[case]
+    n_q, n_kv = (4, 4) if case == "gqa_ratio_1" else (6, 2)
+    args = _batch(q_lens, seq_lens, n_q=n_q, n_kv=n_kv, dtype=dtype)
+    out = ca.paged_attention(*args)
+    want = ref.paged_attention_ref(*args)
+    rows = torch.cat(
+        [torch.arange(a, b) for a, b in zip(args[4][:-1].tolist(), args[4][1:].tolist(), strict=True)]
+    )
+    assert not out[rows].isnan().any()
+    tol = {torch.float32: 1e-5, torch.bfloat16: 2e-2}[dtype]
+    torch.testing.assert_close(out[rows].float(), want[rows].float(), atol=tol, rtol=tol)
+
+
+def test_fresh_kv_path_equals_cache_path() -> None:
+    """The model's path (K/V of fresh prefills taken from the step) matches reading the cache."""
+    q_lens, seq_lens = [9, 1, 4, 1], [9, 30, 12, 3]
+    query, kc, vc, tables, qsl, sl, scale = _batch(q_lens, seq_lens)
+    kc, vc = kc.nan_to_num(0.0), vc.nan_to_num(0.0)
+    block_tables = [t[: (s + 4) // 5] for t, s in zip(tables.tolist(), seq_lens, strict=True)]
+    plan = ca.plan_attention(q_lens, seq_lens, block_tables, 5)
+    flat_k = kc.view(-1, *kc.shape[2:])[plan.slot_mapping]  # (T, n_kv, hd): what the step computed
+    flat_v = vc.view(-1, *vc.shape[2:])[plan.slot_mapping]
+    fast = ca.attend(query, kc, vc, plan, scale, fresh_kv=(flat_k, flat_v))
+    want = ref.paged_attention_ref(query, kc, vc, tables, qsl, sl, scale)
+    torch.testing.assert_close(fast, want, atol=1e-5, rtol=1e-5)
+
+
+def test_write_kv_matches_reference_and_skips_padding() -> None:
+    gen = torch.Generator().manual_seed(1)
+    key, value = torch.randn(6, 3, 8, generator=gen), torch.randn(6, 3, 8, generator=gen)
+    slots = torch.tensor([3, 17, -1, 0, 22, 9])
+    caches = [torch.zeros(5, 5, 3, 8) for _ in range(4)]
+    ca.write_kv(key, value, caches[0], caches[1], slots)
+    ref.write_kv_ref(key, value, caches[2], caches[3], slots)
+    assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
+    assert caches[0].view(-1, 3, 8)[17].equal(key[1])
+
+
+def test_slot_mapping_crosses_block_boundaries() -> None:
+    # request 0: positions 3..7 of table [4, 1] (block 4, then block 1); request 1: position 5 of [2, 0]
+    assert ca.compute_slot_mapping([5, 1], [8, 6], [[4, 1], [2, 0]], 4) == [19, 4, 5, 6, 7, 1]
+
+
+def test_decode_bucketing_groups_similar_lengths() -> None:
+    blocks = [40, 39, 38, 3, 2, 2, 1]
+    groups = ca._bucket(blocks, list(range(7)))
+    assert sorted(sum(groups, [])) == list(range(7))
+    assert [0, 1, 2] in groups  # long ones together, short ones not padded to 40 blocks
+    assert len(groups) <= ca.MAX_DECODE_GROUPS
