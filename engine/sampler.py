@@ -70,16 +70,15 @@ class Sampler:
         temps = torch.tensor([c.sampling.temperature for c in rows], dtype=logits.dtype)
         logits = logits / temps[:, None]
         vocab = logits.shape[1]
-        order: torch.Tensor | None = None
         if any(0 < c.sampling.top_k < vocab or c.sampling.top_p < 1.0 for c in rows):
-            logits, order = logits.sort(dim=-1, descending=True)  # (R, V) each
-            logits = _filter_sorted(logits, rows)
+            ordered, order = logits.sort(dim=-1, descending=True)  # (R, V) each
+            # Back to vocabulary order, so a row's draw never depends on its neighbours' filters.
+            logits = torch.empty_like(logits).scatter_(1, order, _filter_sorted(ordered, rows))
         probs = torch.softmax(logits, dim=-1)  # (R, V)
         out = []
         for r, c in enumerate(rows):
             noise = torch.empty(vocab).exponential_(generator=self._generator(c))
-            pos = int((probs[r] / noise).argmax())  # Gumbel-style draw: argmax p / Exp(1) ~ Categorical(p)
-            out.append(int(order[r, pos]) if order is not None else pos)
+            out.append(int((probs[r] / noise).argmax()))  # argmax p / Exp(1) draws from Categorical(p)
         return out
 
     def _generator(self, chunk: ScheduledChunk) -> torch.Generator:
