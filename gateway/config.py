@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gateway.tenancy.admission import AdmissionConfig
+
 
 @dataclass(frozen=True)
 class GatewayConfig:
@@ -21,6 +23,8 @@ class GatewayConfig:
     port: int = 8000
     redis_prefix: str = "ps"
     """Namespace of every Redis key the tenancy store touches."""
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
+    """Quota admission: concurrency lease, heartbeat, default output-token cap (gateway/tenancy/admission.py)."""
     admin_token: str | None = field(default=None, repr=False)
     """Bearer token of the /admin routes (PAGESERVE_ADMIN_TOKEN only, never a flag); None disables them."""
     engine_connect_timeout_s: float = 180.0

@@ -13,6 +13,7 @@ import argparse
 import os
 
 from gateway.config import GatewayConfig
+from gateway.tenancy.admission import AdmissionConfig
 
 DEFAULTS = GatewayConfig()
 
@@ -32,6 +33,12 @@ def parse_args(argv: list[str]) -> GatewayConfig:
     p.add_argument("--engine-timeout", type=float, default=DEFAULTS.engine_connect_timeout_s,
                    help="seconds to wait for the engine at start-up")
     p.add_argument("--log-level", default=env("PAGESERVE_LOG_LEVEL", DEFAULTS.log_level))
+    quota = DEFAULTS.admission
+    p.add_argument("--quota-lease", type=float, default=float(env("PAGESERVE_QUOTA_LEASE_S", str(quota.lease_s))),
+                   help="seconds a dead gateway's concurrency slots stay held (env PAGESERVE_QUOTA_LEASE_S)")
+    p.add_argument("--quota-default-max-tokens", type=int,
+                   default=int(env("PAGESERVE_QUOTA_DEFAULT_MAX_TOKENS", str(quota.default_max_tokens))),
+                   help="output tokens reserved when a request gives no max_tokens")
     a = p.parse_args(argv)
     return GatewayConfig(
         engine_address=a.engine,
@@ -42,6 +49,8 @@ def parse_args(argv: list[str]) -> GatewayConfig:
         redis_prefix=a.redis_prefix,
         engine_connect_timeout_s=a.engine_timeout,
         log_level=a.log_level,
+        admission=AdmissionConfig(lease_s=a.quota_lease, heartbeat_s=a.quota_lease / 3,
+                                  default_max_tokens=a.quota_default_max_tokens),
         admin_token=env("PAGESERVE_ADMIN_TOKEN") or None,  # env only: a flag would show in `ps`
     )
 

@@ -81,7 +81,7 @@ async def open_services(config: GatewayConfig) -> AsyncIterator[GatewayState]:
     prompts = await Prompts.load(config.model)
     redis = connect(config.redis_url)
     store = TenantStore(redis, prefix=config.redis_prefix, actor="gateway")
-    admission = Admission(redis, prefix=config.redis_prefix)
+    admission = Admission(redis, prefix=config.redis_prefix, config=config.admission)
     link = EngineLink(config.engine_address, retry_interval_s=config.engine_retry_interval_s)
     try:
         await link.start(config.engine_connect_timeout_s)

@@ -11,10 +11,12 @@ import asyncio
 import contextlib
 import os
 import secrets
+import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,12 +31,18 @@ from tests.support.redis_server import free_port
 BODY = {"model": "smollm2", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
 
 
+LEASE_S = 1.5
+"""The gateways' concurrency lease (--quota-lease): short, so a killed gateway's slot frees quickly."""
+
+
 @dataclass
 class Cluster:
     urls: list[str]
     redis_url: str
     prefix: str
     logs: Path
+    spawn_gateway: Callable[[str], tuple[subprocess.Popen[bytes], str]]
+    """Start one more gateway (log name) -> (process, base URL), healthy; stopped with the cluster."""
 
 
 def _wait_healthy(url: str, procs: list[subprocess.Popen[bytes]], logs: Path) -> None:
@@ -63,15 +71,19 @@ def cluster(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
             return subprocess.Popen([sys.executable, "-m", *args], stdout=log, stderr=subprocess.STDOUT, env=env)
 
         procs = [spawn("engine", "tests.gateway.tenancy.fake_engine_proc", engine_address)]
-        ports = [free_port(), free_port()]
-        urls = [f"http://127.0.0.1:{port}" for port in ports]
-        procs += [spawn(f"gateway{i}", "ops.cli", "gateway", "--engine", engine_address, "--redis-url", redis_url,
-                        "--redis-prefix", prefix, "--port", str(port), "--log-level", "warning")
-                  for i, port in enumerate(ports)]
+
+        def spawn_gateway(name: str) -> tuple[subprocess.Popen[bytes], str]:
+            port = free_port()
+            proc = spawn(name, "ops.cli", "gateway", "--engine", engine_address, "--redis-url", redis_url,
+                         "--redis-prefix", prefix, "--port", str(port), "--log-level", "warning",
+                         "--quota-lease", str(LEASE_S))
+            procs.append(proc)
+            _wait_healthy(f"http://127.0.0.1:{port}", procs, logs)
+            return proc, f"http://127.0.0.1:{port}"
+
         try:
-            for url in urls:
-                _wait_healthy(url, procs, logs)
-            yield Cluster(urls, redis_url, prefix, logs)
+            urls = [spawn_gateway("gateway0")[1], spawn_gateway("gateway1")[1]]
+            yield Cluster(urls, redis_url, prefix, logs, spawn_gateway)
         finally:
             for p in reversed(procs):
                 p.terminate()
@@ -127,3 +139,44 @@ def test_two_gateways_admit_exactly_the_requests_per_minute(cluster: Cluster):
     refill = int(elapsed * 50 / 60)
     assert 50 <= statuses.count(200) <= 50 + refill, (statuses.count(200), elapsed)
     assert statuses.count(200) + statuses.count(429) == 200
+
+
+def test_a_killed_gateway_holds_its_concurrency_slot_no_longer_than_the_lease(cluster: Cluster):
+    key = asyncio.run(_tenant(cluster, "lease", concurrency=1))
+    doomed, doomed_url = cluster.spawn_gateway("doomed")
+    headers = {"Authorization": f"Bearer {key}"}
+    long_stream = {**BODY, "max_tokens": 2000, "stream": True}  # the fake engine: ~1 ms a token
+    first_chunk = threading.Event()
+
+    def stream() -> None:
+        try:
+            with httpx.stream("POST", f"{doomed_url}/v1/chat/completions", json=long_stream, headers=headers,
+                              timeout=30) as r:
+                assert r.status_code == 200
+                for _ in r.iter_lines():
+                    first_chunk.set()
+        except httpx.HTTPError:
+            pass  # the gateway is killed under it
+
+    reader = threading.Thread(target=stream, daemon=True)
+    reader.start()
+    assert first_chunk.wait(20), "the long stream never started"
+    other = cluster.urls[0]
+    refused = httpx.post(f"{other}/v1/chat/completions", json=BODY, headers=headers, timeout=30)
+    assert refused.status_code == 429 and "concurrent" in refused.json()["error"]["message"]
+    assert reader.is_alive(), "the stream ended before the kill"
+    doomed.send_signal(signal.SIGKILL)
+    doomed.wait()
+    killed = time.monotonic()
+    statuses = []
+    while True:
+        r = httpx.post(f"{other}/v1/chat/completions", json=BODY, headers=headers, timeout=30)
+        statuses.append(r.status_code)
+        if r.status_code == 200:
+            break
+        assert r.status_code == 429, r.text
+        assert time.monotonic() - killed < LEASE_S + 1.0, "the dead gateway's slot outlived its lease"
+        time.sleep(0.05)
+    assert statuses[0] == 429  # the dead gateway's slot is still held right after the kill ...
+    assert time.monotonic() - killed <= LEASE_S + 1.0  # ... and no longer than its lease
+    reader.join(5)
