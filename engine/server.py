@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import faulthandler
 import logging
 import math
 import os
@@ -401,6 +402,7 @@ def _probe_listen(address: str) -> None:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    faulthandler.register(signal.SIGUSR1)  # `kill -USR1 PID` prints every thread's stack: a stuck step shows
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         _probe_listen(args.listen)  # fail at once, not after torch and the model loaded
