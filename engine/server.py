@@ -402,7 +402,6 @@ def _probe_listen(address: str) -> None:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    faulthandler.register(signal.SIGUSR1)  # `kill -USR1 PID` prints every thread's stack: a stuck step shows
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         _probe_listen(args.listen)  # fail at once, not after torch and the model loaded
@@ -415,4 +414,5 @@ def main(argv: list[str]) -> int:
     server = EngineServer(core, info, ServerConfig(listen=args.listen, shutdown_grace_s=args.shutdown_grace))
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: server.request_stop())
+    faulthandler.register(signal.SIGUSR1)  # `kill -USR1 PID` prints every thread's stack: a slow step shows
     return server.serve()

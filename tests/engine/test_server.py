@@ -1,0 +1,269 @@
+"""The real `pageserve engine` process with the real EngineCore, over real ZeroMQ.
+
+One engine process serves the module (loading a model costs seconds on 2 cores);
+the last test stops it with SIGTERM. Raw DEALER sockets play
+gateways where the frames themselves matter; EngineClient where streams do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import zmq
+
+from gateway.engine_client import EngineClient, EngineDeadError, EngineUnavailableError
+from shared.protocol import (
+    PROTOCOL_VERSION,
+    Abort,
+    AddRequest,
+    Error,
+    Finished,
+    GetStats,
+    Hello,
+    Message,
+    Ready,
+    Stats,
+    StepOutputs,
+    TokenDelta,
+    decode,
+    encode,
+)
+from shared.sampling import SamplingParams
+from tests.support.redis_server import free_port
+
+pytestmark = pytest.mark.slow
+
+NUM_BLOCKS = 48
+BLOCK_SIZE = 16
+STARTUP_TIMEOUT_S = 180.0
+
+
+def engine_command(listen: str, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "ops.cli", "engine", "--model", "smollm2", "--listen", listen,
+            "--num-blocks", str(NUM_BLOCKS), "--block-size", str(BLOCK_SIZE), "--max-model-len", "512",
+            "--max-num-seqs", "16", "--threads", "1", "--log-level", "INFO", *extra]
+
+
+class EngineProcess:
+    def __init__(self, listen: str, log_path: Path, *extra: str) -> None:
+        self.address = listen
+        self.log_path = log_path
+        self._log = log_path.open("w")
+        self.proc = subprocess.Popen(engine_command(listen, *extra), stdout=self._log, stderr=subprocess.STDOUT,
+                                     cwd=Path(__file__).resolve().parents[2], env={**os.environ})
+        self.ready = self._wait_ready()
+
+    def _wait_ready(self) -> Ready:
+        async def handshake() -> Ready | None:
+            client = EngineClient(self.address, gateway_id="probe", handshake_timeout=2.0)
+            try:
+                await client.start()
+            except EngineUnavailableError:
+                return None
+            info = client.model_info
+            await client.close()
+            return info
+
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"engine exited with {self.proc.returncode}:\n{self.log()}")
+            info = asyncio.run(handshake())
+            if info is not None:
+                return info
+        raise RuntimeError(f"engine not ready within {STARTUP_TIMEOUT_S} s:\n{self.log()}")
+
+    def log(self) -> str:
+        if not self._log.closed:
+            self._log.flush()
+        return self.log_path.read_text()
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            rc = self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            rc = self.proc.wait()
+        self._log.close()
+        return rc
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProcess]:
+    proc = EngineProcess(f"tcp://127.0.0.1:{free_port()}", tmp_path_factory.mktemp("engine") / "engine.log",
+                         "--shutdown-grace", "0.5")
+    yield proc
+    assert proc.stop() == 0, proc.log()
+
+
+class Gateway:
+    """A bare DEALER socket: every frame the engine sends is seen."""
+
+    def __init__(self, address: str) -> None:
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(address)
+        self.pending: list[Message] = []
+        self.send(Hello(PROTOCOL_VERSION, "raw"))
+        assert isinstance(self.recv(), Ready)
+
+    def send(self, msg: Message) -> None:
+        self.sock.send(encode(msg))
+
+    def recv(self, timeout_s: float = 30.0) -> Message:
+        if self.pending:
+            return self.pending.pop(0)
+        assert self.sock.poll(int(timeout_s * 1000)), "no message from the engine"
+        return decode(self.sock.recv())
+
+    def collect(self, request_ids: set[str]) -> list[StepOutputs]:
+        msgs: list[StepOutputs] = []
+        left = set(request_ids)
+        while left:
+            msg = self.recv()
+            assert isinstance(msg, StepOutputs), msg
+            msgs.append(msg)
+            left -= {f.request_id for f in msg.finished}
+        return msgs
+
+    def stats(self) -> Stats:
+        """The answer to GetStats; step outputs arriving meanwhile are kept for recv()."""
+        self.send(GetStats())
+        while True:
+            assert self.sock.poll(30_000), "no Stats from the engine"
+            msg = decode(self.sock.recv())
+            if isinstance(msg, Stats):
+                return msg
+            self.pending.append(msg)
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
+        self.ctx.term()
+
+
+@pytest.fixture
+def gateways(engine: EngineProcess) -> Iterator[list[Gateway]]:
+    opened = [Gateway(engine.address), Gateway(engine.address)]
+    yield opened
+    for gw in opened:
+        gw.close()
+
+
+def greedy(rid: str, prompt: list[int], max_tokens: int) -> AddRequest:
+    return AddRequest(rid, prompt, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))
+
+
+def test_ready_describes_the_loaded_model(engine: EngineProcess) -> None:
+    assert engine.ready.protocol_version == PROTOCOL_VERSION
+    assert engine.ready.model_name == "smollm2"
+    assert (engine.ready.max_model_len, engine.ready.block_size) == (512, BLOCK_SIZE)
+    assert engine.ready.eos_token_id == 2 and engine.ready.num_blocks == NUM_BLOCKS
+
+
+def test_deltas_stream_every_step_and_usage_is_exact(gateways: list[Gateway]) -> None:
+    gw = gateways[0]
+    gw.send(greedy("stream", [1, 504, 3458, 282, 4649, 30], max_tokens=6))
+    msgs = gw.collect({"stream"})
+    deltas = [d for m in msgs for d in m.deltas]
+    assert len(msgs) >= 6 and all(len(m.deltas) <= 1 for m in msgs)  # one step, one message, one token
+    assert [d.num_output_tokens for d in deltas] == [1, 2, 3, 4, 5, 6]
+    assert all(len(d.new_token_ids) == 1 and 0 <= d.new_token_ids[0] < 49152 for d in deltas)
+    (fin,) = msgs[-1].finished
+    assert (fin.reason, fin.usage.prompt_tokens, fin.usage.completion_tokens) == ("length", 6, 6)
+
+
+def test_two_gateways_get_only_their_own_outputs(gateways: list[Gateway]) -> None:
+    a, b = gateways
+    for i in range(3):
+        a.send(greedy(f"a{i}", [1, 2, 3 + i], max_tokens=4))
+        b.send(greedy(f"b{i}", [7, 8, 9 + i], max_tokens=5))
+    got_a, got_b = a.collect({"a0", "a1", "a2"}), b.collect({"b0", "b1", "b2"})
+    ids_a = {d.request_id for m in got_a for d in m.deltas}
+    ids_b = {d.request_id for m in got_b for d in m.deltas}
+    assert ids_a == {"a0", "a1", "a2"} and ids_b == {"b0", "b1", "b2"}
+    assert sum(len(m.deltas) for m in got_a) == 12 and sum(len(m.deltas) for m in got_b) == 15
+    assert any(len(m.deltas) > 1 for m in got_a)  # one message carried several requests of one step
+
+
+def test_abort_returns_every_block_to_the_pool_within_a_second(gateways: list[Gateway]) -> None:
+    gw = gateways[0]
+    gw.send(greedy("long", list(range(10, 10 + 100)), max_tokens=400))
+    first = gw.recv()
+    assert isinstance(first, StepOutputs) and first.deltas
+    busy = gw.stats()
+    assert busy.num_running == 1 and busy.num_free_blocks < NUM_BLOCKS
+    gw.send(Abort(["long"]))
+    t0 = time.monotonic()
+    while True:
+        msg = gw.recv()
+        if isinstance(msg, StepOutputs) and msg.finished:
+            break
+    assert msg.finished[0].reason == "abort"
+    while (stats := gw.stats()).num_free_blocks != NUM_BLOCKS:
+        assert time.monotonic() - t0 < 1.0, stats
+        time.sleep(0.02)
+    assert stats.num_running == 0 and stats.num_aborted >= 1
+
+
+def test_concurrent_requests_share_steps(engine: EngineProcess) -> None:
+    async def main() -> Stats:
+        client = EngineClient(engine.address)
+        await client.start()
+
+        async def one(i: int) -> list[TokenDelta | Finished]:
+            async with await client.submit(greedy(f"c{i}", [1, 40 + i, 50], max_tokens=8)) as stream:
+                return [item async for item in stream]
+
+        results = await asyncio.gather(*(one(i) for i in range(8)))
+        assert all(isinstance(r[-1], Finished) and r[-1].usage.completion_tokens == 8 for r in results)
+        stats = await client.stats()
+        await client.close()
+        return stats
+
+    stats = asyncio.run(main())
+    assert stats.max_requests_per_step >= 4 and stats.num_free_blocks == NUM_BLOCKS
+
+
+def test_garbage_is_answered_and_the_engine_keeps_serving(gateways: list[Gateway]) -> None:
+    gw = gateways[0]
+    for frame in (b"\x00\x01garbage", b"\x91\x63", encode(Hello(PROTOCOL_VERSION, "x"))[:-2], b"\x92\x03\x05"):
+        gw.sock.send(frame)
+        err = gw.recv()
+        assert isinstance(err, Error) and err.kind == "request" and "malformed message" in err.message
+    gw.send(greedy("oob", [1, 10**6], max_tokens=2))  # out-of-vocabulary ids never reach the model
+    err = gw.recv()
+    assert isinstance(err, Error) and err.request_id == "oob" and "[0, 49152)" in err.message
+    gw.send(greedy("after", [1, 2], max_tokens=2))
+    assert gw.collect({"after"})[-1].finished[0].reason == "length"
+
+
+def test_sigterm_tells_in_flight_requests_and_exits_0(engine: EngineProcess) -> None:
+    """Runs last (file order): it stops the module's engine, which a second model load would cost."""
+
+    async def main() -> str:
+        client = EngineClient(engine.address)
+        await client.start()
+        stream = await client.submit(greedy("inflight", [1, 2, 3], max_tokens=500))
+        await stream.__anext__()
+        engine.proc.send_signal(signal.SIGTERM)
+        with pytest.raises(EngineDeadError) as e:
+            async for _ in stream:
+                pass
+        await client.close()
+        return str(e.value)
+
+    message = asyncio.run(main())
+    assert "shutting down" in message and "1 in-flight request(s) aborted" in message
+    assert engine.proc.wait(30) == 0
+    assert "shutdown: aborted 1 in-flight requests after the grace period" in engine.log()
