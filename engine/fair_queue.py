@@ -10,8 +10,8 @@ Within one level, tenants are served by start-time fair queuing over token cost:
 every token the scheduler computes for a tenant (prompt chunks and decodes, while
 queued or running) adds 1 / weight to that tenant's virtual time, and the tenant
 with the smallest virtual time is admitted next. A tenant that becomes backlogged
-starts at the smallest virtual time among the backlogged ones, so idling earns no
-credit. With "fcfs" the order is arrival alone.
+starts at the smallest virtual time among the backlogged ones (or, when none is, at
+the virtual time of the tenant admitted last), so idling earns no credit. With "fcfs" the order is arrival alone.
 
 Requests sit in one heap per (priority, tenant) class ordered by arrival; only the
 heads compete, so a pick costs O(classes), not O(queue).
@@ -47,6 +47,7 @@ class FairQueue:
         self._entries: dict[str, tuple[tuple[int, str], _Entry]] = {}
         self._vtime: dict[str, float] = {}
         self._backlog: dict[str, int] = {}  # tenant -> queued requests
+        self._vclock = 0.0  # virtual time of the tenant admitted last: where newcomers start
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -67,7 +68,7 @@ class FairQueue:
         tenant = req.tenant_id
         if not self._backlog.get(tenant):
             others = [self._vtime.get(t, 0.0) for t, n in self._backlog.items() if n and t != tenant]
-            floor = min(others, default=0.0)
+            floor = min(others, default=self._vclock)
             self._vtime[tenant] = max(self._vtime.get(tenant, 0.0), floor)
         self._backlog[tenant] = self._backlog.get(tenant, 0) + 1
 
@@ -101,6 +102,11 @@ class FairQueue:
             del self._classes[key]
         self._backlog[req.tenant_id] -= 1
         return True
+
+    def admit(self, req: Request) -> None:
+        """Take the request out for admission; its tenant's virtual time becomes the clock."""
+        assert self.remove(req), f"{req.request_id} is not queued"
+        self._vclock = self._vtime.get(req.tenant_id, 0.0)
 
     def charge(self, req: Request, num_tokens: int) -> None:
         """Account tokens computed for the request's tenant (weights come with the request)."""

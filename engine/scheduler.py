@@ -224,7 +224,7 @@ class Scheduler:
             return False
         state = self._live[req.request_id]
         state.level = self.waiting.level(req, self._clock())
-        self.waiting.remove(req)
+        self.waiting.admit(req)
         req.num_computed_tokens = hit.num_tokens
         if not state.admitted:  # cached tokens are reported as of the first admission
             state.admitted = True

@@ -35,7 +35,9 @@ def check_outputs(run: Run, reqs) -> None:  # type: ignore[no-untyped-def]
 def flood_then_urgent(policy: str):  # type: ignore[no-untyped-def]
     """Low-urgency long requests fill memory; an urgent short one arrives at step 4."""
     sched, runner = make_scheduler(num_device_blocks=16, block_size=4, max_num_seqs=8, policy=policy)
-    lows = [make_request(14, max_tokens=30, priority=5, ignore_eos=True, request_id=f"low{i}") for i in range(4)]
+    lows = [
+        make_request(14, max_tokens=30, priority=5, ignore_eos=True, request_id=f"low{i}") for i in range(4)
+    ]
     for r in lows:
         sched.add_request(r)
     run = Run()
@@ -230,3 +232,28 @@ def test_fcfs_ignores_priority_and_tenants() -> None:
     assert first_step(run, "first") < first_step(run, "second")
     shares = tenant_shares({"a": 1.0, "b": 3.0}, policy="fcfs")
     assert abs(shares["a"] - 0.5) < 0.05  # arrival order alternates the tenants
+
+
+def test_a_tenant_returning_from_idle_gets_no_credit_for_it() -> None:
+    sched, runner = make_scheduler(num_device_blocks=256, max_num_seqs=2, max_num_batched_tokens=64)
+    run = Run()
+    sched.add_request(make_request(8, max_tokens=2, ignore_eos=True, tenant_id="b", request_id="b-early"))
+    run = run_to_end(sched, runner, run)
+    # Tenant a works alone for a while, never queueing more than it runs.
+    for i in range(30):
+        sched.add_request(
+            make_request(8, max_tokens=4, ignore_eos=True, tenant_id="a", request_id=f"a-solo{i}")
+        )
+        run = run_to_end(sched, runner, run)
+    # Now both flood: b must not get every seat until it has "caught up" with a's past use.
+    for i in range(20):
+        for tenant in ("b", "a"):
+            sched.add_request(
+                make_request(8, max_tokens=4, ignore_eos=True, tenant_id=tenant, request_id=f"{tenant}{i}")
+            )
+    tokens = Counter[str]()
+    for _ in range(20):
+        out = step(sched, runner, run, check=False)
+        for c in out.chunks:
+            tokens[c.request_id[0]] += len(c.token_ids)
+    assert abs(tokens["a"] / (tokens["a"] + tokens["b"]) - 0.5) < 0.1, tokens
