@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -43,6 +43,8 @@ class Cluster:
     logs: Path
     spawn_gateway: Callable[[str], tuple[subprocess.Popen[bytes], str]]
     """Start one more gateway (log name) -> (process, base URL), healthy; stopped with the cluster."""
+    keys: list[str] = field(default_factory=list)
+    """Every key the tests created or tried: none may ever appear in a process log."""
 
 
 def _wait_healthy(url: str, procs: list[subprocess.Popen[bytes]], logs: Path) -> None:
@@ -75,7 +77,7 @@ def cluster(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         def spawn_gateway(name: str) -> tuple[subprocess.Popen[bytes], str]:
             port = free_port()
             proc = spawn(name, "ops.cli", "gateway", "--engine", engine_address, "--redis-url", redis_url,
-                         "--redis-prefix", prefix, "--port", str(port), "--log-level", "warning",
+                         "--redis-prefix", prefix, "--port", str(port), "--log-level", "debug",
                          "--quota-lease", str(LEASE_S))
             procs.append(proc)
             _wait_healthy(f"http://127.0.0.1:{port}", procs, logs)
@@ -101,6 +103,7 @@ async def _tenant(cluster: Cluster, name: str, **limits: int) -> str:
         store = TenantStore(client, cluster.prefix, actor="test")
         await store.create_tenant(name)
         key, _ = await store.create_key(name)
+        cluster.keys.append(key)
         changes: dict[str, int | None | str] = {f: None for f in LIMIT_FIELDS}
         changes.update(limits)
         await QuotaStore(store).set(name, None, changes)
@@ -180,3 +183,19 @@ def test_a_killed_gateway_holds_its_concurrency_slot_no_longer_than_the_lease(cl
     assert statuses[0] == 429  # the dead gateway's slot is still held right after the kill ...
     assert time.monotonic() - killed <= LEASE_S + 1.0  # ... and no longer than its lease
     reader.join(5)
+
+
+def test_no_key_ever_reaches_a_process_log(cluster: Cluster):
+    """Runs last in this module: the gateways logged at debug level through every test above."""
+    wrong = "ps-" + secrets.token_urlsafe(32)
+    cluster.keys.append(wrong)
+    r = httpx.post(f"{cluster.urls[0]}/v1/chat/completions", json=BODY,
+                   headers={"Authorization": f"Bearer {wrong}"}, timeout=30)
+    assert r.status_code == 401 and wrong not in r.text
+    time.sleep(0.2)  # let the gateway's log line reach the file
+    logs = {path.name: path.read_text(errors="replace") for path in cluster.logs.glob("*.log")}
+    assert {"engine.log", "gateway0.log", "gateway1.log"} <= set(logs)
+    assert len(cluster.keys) >= 5 and any("DEBUG" in text for text in logs.values())
+    for name, text in logs.items():
+        for key in cluster.keys:
+            assert key not in text and key[3:] not in text, f"an API key appears in {name}"
