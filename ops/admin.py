@@ -30,7 +30,7 @@ from typing import Any
 
 from gateway.tenancy import TenancyError, TenancyUnavailable, TenantStore, connect
 from gateway.tenancy.admin_ops import AdminOps, OpResult
-from gateway.tenancy.quota import LIMIT_FIELDS
+from gateway.tenancy.quota import LIMIT_FIELDS, LIMIT_HELP
 from gateway.tenancy.tiers import DEFAULT_TIER, TIERS
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -72,11 +72,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grace", type=float, default=3600.0, help="seconds the old key stays valid (default 3600)")
 
     quota = groups.add_parser("quota", help="limits").add_subparsers(dest="cmd", required=True)
-    p = leaf(quota, "set", "override limits (N, 'unlimited', or 'default' to inherit)")
+    p = leaf(quota, "set", "override limits: N, 'unlimited', or 'default' (the tier's value; for a key: none)")
     p.add_argument("tenant")
     p.add_argument("--key", dest="key_id", default=None, help="set the key's own limits")
     for field in LIMIT_FIELDS:
-        p.add_argument("--" + field.replace("_", "-"), dest=field, default=None, metavar="N")
+        p.add_argument("--" + field.replace("_", "-"), dest=field, default=None, metavar="N", help=LIMIT_HELP[field])
     p = leaf(quota, "show", "effective limits")
     p.add_argument("tenant")
     p.add_argument("--key", dest="key_id", default=None)

@@ -24,6 +24,14 @@ from gateway.tenancy.errors import InvalidArgument
 
 UNLIMITED = -1
 LIMIT_FIELDS = ("rpm", "input_tpm", "output_tpm", "concurrency", "daily_tokens", "monthly_tokens")
+LIMIT_HELP = {
+    "rpm": "requests per minute",
+    "input_tpm": "prompt tokens per minute",
+    "output_tpm": "completion tokens per minute (max_tokens reserved, the unused part refunded)",
+    "concurrency": "requests in flight at once",
+    "daily_tokens": "prompt + completion tokens per UTC day",
+    "monthly_tokens": "prompt + completion tokens per UTC month",
+}
 
 
 @dataclass(frozen=True)
