@@ -1,0 +1,23 @@
+"""`pageserve bench admission` runs end to end (a tiny run: it is a benchmark, this only keeps it working)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+
+def test_bench_admission_prints_a_table_and_writes_json(tmp_path: Path):
+    out = tmp_path / "admission.json"
+    proc = subprocess.run([sys.executable, "-m", "ops.cli", "bench", "admission", "--requests", "60",
+                           "--seconds", "0.5", "--concurrency", "4", "--json", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    for row in ("authenticate", "admit", "settle", "total", "redis PING", "throughput"):
+        assert row in proc.stdout
+    result = json.loads(out.read_text())
+    total = result["latency"]["total"]
+    assert 0 < total["p50_ms"] <= total["p99_ms"]
+    assert result["throughput_rps"] > 0 and result["script_us_per_call"] > 0
+    assert result["gateway"] is None
