@@ -43,6 +43,7 @@ from shared.protocol import (
     PROTOCOL_VERSION,
     Abort,
     AddRequest,
+    Bye,
     Error,
     Finished,
     GetStats,
@@ -238,6 +239,8 @@ class EngineServer:
             self._on_abort(gateway, msg.request_ids)
         elif isinstance(msg, GetStats):
             self._send(gateway, self.stats.snapshot(self.core.counts(), len(self._gateways)))
+        elif isinstance(msg, Bye):
+            self._forget_gateway(gateway, f"said goodbye ({msg.reason or 'no reason'})")
         else:
             log.warning("unexpected %s from gateway %s", type(msg).__name__, self._name(gateway))
             self._send(gateway, Error(None, "request", f"a gateway may not send {type(msg).__name__}"))
@@ -342,10 +345,10 @@ class EngineServer:
         except zmq.ZMQError as e:
             if e.errno != zmq.EHOSTUNREACH:
                 raise
-            self._forget_gateway(gateway)
+            self._forget_gateway(gateway, "went away")
 
-    def _forget_gateway(self, gateway: bytes) -> None:
-        """The gateway's connection is gone: nobody will read its requests' outputs, so stop them."""
+    def _forget_gateway(self, gateway: bytes, why: str) -> None:
+        """The gateway left: nobody will read its requests' outputs, so stop them."""
         name = self._gateways.pop(gateway, None)
         orphans = [rid for rid, entry in self._inflight.items() if entry.gateway == gateway]
         if orphans:
@@ -353,7 +356,7 @@ class EngineServer:
             for rid in orphans:
                 del self._inflight[rid]
             self.stats.num_aborted += len(orphans)
-        log.warning("gateway %s went away; aborted its %d requests", name, len(orphans))
+        log.info("gateway %s %s; aborted its %d requests", name, why, len(orphans))
 
     def _broadcast_engine_error(self, message: str) -> None:
         for gateway in list(self._gateways):

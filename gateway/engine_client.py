@@ -20,7 +20,8 @@ Usage (the whole interface the rest of the gateway relies on):
 
     await client.abort(request_id)  # safe at any time; the stream then ends with Finished("abort")
     stats = await client.stats()    # shared.protocol.Stats (running, waiting, free blocks, ...)
-    await client.close()            # open streams get EngineDeadError("client closed")
+    await client.close()            # says Bye (the engine aborts this gateway's requests);
+                                    # open streams get EngineDeadError("engine client closed")
 
 One background task reads everything the engine sends and routes each request's
 outputs to that request's asyncio.Queue; a second watches the socket's monitor
@@ -48,6 +49,7 @@ from shared.protocol import (
     PROTOCOL_VERSION,
     Abort,
     AddRequest,
+    Bye,
     Error,
     Finished,
     GetStats,
@@ -212,6 +214,12 @@ class EngineClient:
         return f"engine at {self.address} sent no valid Ready message"
 
     async def close(self) -> None:
+        """Say Bye (the engine aborts this gateway's requests at once) and release everything."""
+        linger_ms = 0
+        if self.healthy and self._sock is not None:
+            with contextlib.suppress(zmq.ZMQError):
+                self._sock.send(encode(Bye("client closed")), zmq.NOBLOCK)
+                linger_ms = 200  # time to flush the Bye, spent only when the engine is there
         self._fail_all(EngineDeadError("engine client closed"))
         for task in self._tasks:
             task.cancel()
@@ -224,7 +232,7 @@ class EngineClient:
                 self._sock.disable_monitor()
                 self._monitor.close(linger=0)
                 self._monitor = None
-            self._sock.close(linger=0)
+            self._sock.close(linger=linger_ms)
             self._sock = None
         self._ctx.term()
 

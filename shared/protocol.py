@@ -23,6 +23,7 @@ Who sends what:
     AddRequest / Abort / GetStats     ->
                                       <-     StepOutputs (one per step per gateway),
                                              Stats, Error
+    Bye                               ->     (the engine forgets the gateway, aborts its requests)
 
 This module imports neither torch nor engine/ nor gateway/.
 """
@@ -191,8 +192,16 @@ class Stats:
     num_gateways: int
 
 
-Message = Hello | Ready | AddRequest | Abort | StepOutputs | Error | GetStats | Stats
-_TOP_LEVEL: tuple[type, ...] = (Hello, Ready, AddRequest, Abort, StepOutputs, Error, GetStats, Stats)
+@dataclass(frozen=True)
+class Bye:
+    """A gateway leaving cleanly; its in-flight requests are aborted at once."""
+
+    TAG: ClassVar[int] = 9
+    reason: str = ""
+
+
+Message = Hello | Ready | AddRequest | Abort | StepOutputs | Error | GetStats | Stats | Bye
+_TOP_LEVEL: tuple[type, ...] = (Hello, Ready, AddRequest, Abort, StepOutputs, Error, GetStats, Stats, Bye)
 _NESTED: tuple[type, ...] = (TokenDelta, Usage, Finished)
 _BY_TAG: dict[int, type] = {cls.TAG: cls for cls in _TOP_LEVEL}  # type: ignore[attr-defined]
 

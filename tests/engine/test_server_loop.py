@@ -17,6 +17,7 @@ from shared.protocol import (
     PROTOCOL_VERSION,
     Abort,
     AddRequest,
+    Bye,
     Error,
     GetStats,
     Hello,
@@ -340,3 +341,17 @@ def test_main_refuses_a_taken_or_malformed_address_before_loading_anything(
     assert f"cannot listen on {address}: Address already in use" in capsys.readouterr().err
     assert main(["--listen", "tcp://no-port-here"]) == 2
     assert "cannot listen on tcp://no-port-here" in capsys.readouterr().err
+
+
+def test_bye_aborts_the_gateways_requests_and_forgets_it(engine: Running, ctx: zmq.Context) -> None:
+    leaving, staying = Gateway(ctx, engine.server.address), Gateway(ctx, engine.server.address)
+    leaving.send(add("left-behind", max_tokens=9000))
+    leaving.recv()
+    leaving.send(Bye("shutting down the gateway"))
+    deadline = time.monotonic() + 5
+    while engine.core.aborted != ["left-behind"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert engine.core.aborted == ["left-behind"]
+    staying.send(GetStats())
+    stats = staying.recv()
+    assert isinstance(stats, Stats) and stats.num_gateways == 1 and stats.num_aborted == 1

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -302,3 +303,19 @@ def test_an_error_message_naming_no_request_does_not_kill_the_client() -> None:
     finally:
         scripted.close()
     assert healthy and items == [Finished("r", 0, "stop", Usage(3, 0, 0))]
+
+
+def test_close_says_bye_and_the_engine_aborts_what_was_left_running(engine: Running) -> None:
+    async def main() -> None:
+        client = await connected(engine.server.address)
+        stream = await client.submit(add("unfinished", max_tokens=9000))
+        await stream.__anext__()
+        await client.close()
+        with pytest.raises(EngineDeadError, match="engine client closed"):
+            await stream.__anext__()
+
+    asyncio.run(main())
+    deadline = time.monotonic() + 5
+    while engine.core.aborted != ["unfinished"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert engine.core.aborted == ["unfinished"]

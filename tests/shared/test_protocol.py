@@ -13,6 +13,7 @@ from shared.protocol import (
     PROTOCOL_VERSION,
     Abort,
     AddRequest,
+    Bye,
     Error,
     Finished,
     GetStats,
@@ -43,6 +44,7 @@ SAMPLES: dict[str, Message] = {
     "Error": Error("req-1", "request", "prompt too long"),
     "GetStats": GetStats(),
     "Stats": Stats(1, 2, 3, 90, 100, 4, 5, 6, 7, 8, 2.5, 1),
+    "Bye": Bye("closing"),
 }
 
 # Frozen: a change here breaks every deployed peer. Append fields instead (with defaults).
@@ -60,6 +62,7 @@ GOLDEN_HEX = {
     "Error": "9406a57265712d31a772657175657374af70726f6d707420746f6f206c6f6e67",
     "GetStats": "9107",
     "Stats": "9d080102035a640405060708cb400400000000000001",
+    "Bye": "9209a7636c6f73696e67",
 }
 
 
