@@ -53,7 +53,8 @@ class EngineLink:
         try:
             await client.start()
         except EngineUnavailableError as e:
-            log.warning("engine not available yet: %s", e)
+            # Expected while the engine loads its model at start-up; a lost engine was logged already.
+            log.info("engine not available yet: %s", e)
             return False
         self._client = client
         return True

@@ -76,9 +76,10 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _spawn(name: str, argv: list[str]) -> Child:
+def _spawn(name: str, argv: list[str], quiet: bool = False) -> Child:
     # start_new_session: the terminal's Ctrl-C reaches only the launcher, which stops children in order.
-    return Child(name, subprocess.Popen(argv, start_new_session=True))
+    out = subprocess.DEVNULL if quiet else None
+    return Child(name, subprocess.Popen(argv, start_new_session=True, stdout=out, stderr=out))
 
 
 def start_redis() -> tuple[Child, str]:
@@ -89,7 +90,7 @@ def start_redis() -> tuple[Child, str]:
     port = free_port()
     workdir = tempfile.mkdtemp(prefix="pageserve-redis-")
     child = _spawn("redis", [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                             "--appendonly", "no", "--dir", workdir, "--loglevel", "warning"])
+                             "--appendonly", "no", "--dir", workdir], quiet=True)  # failures show as no port
     child.cleanup.append(workdir)
     _wait_for_port(child, port, timeout_s=10.0)
     return child, f"redis://127.0.0.1:{port}/0"
