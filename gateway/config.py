@@ -33,4 +33,6 @@ class GatewayConfig:
     """How often a lost engine connection is retried while the gateway runs."""
     completion_default_max_tokens: int = 16
     """`/v1/completions` without max_tokens (OpenAI's default); chat uses the room left in the context."""
+    max_body_bytes: int = 4 * 1024 * 1024
+    """Larger request bodies get a 413 before they are buffered (a whole context of text is ~100 KB)."""
     log_level: str = "info"

@@ -17,7 +17,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.auth import authenticate
-from gateway.errors import NotFound
+from gateway.errors import APIError, NotFound
 from gateway.schemas import GenerationSettings, parse_chat, parse_completion, parse_json
 from gateway.serving import PromptInput, serve
 from gateway.sse import SSEResponse
@@ -27,7 +27,7 @@ from gateway.state import GatewayState, get_state
 async def chat_completions(request: Request) -> Response | SSEResponse:
     state = get_state(request)
     caller = await authenticate(request, state.store)
-    chat = parse_chat(parse_json(await request.body()))
+    chat = parse_chat(parse_json(await read_body(request, state.config.max_body_bytes)))
     _check_model(state, chat.settings)
     token_ids = await state.prompts.chat(chat.messages)
     prompt = PromptInput(token_ids, param="messages")
@@ -37,7 +37,7 @@ async def chat_completions(request: Request) -> Response | SSEResponse:
 async def completions(request: Request) -> Response | SSEResponse:
     state = get_state(request)
     caller = await authenticate(request, state.store)
-    completion = parse_completion(parse_json(await request.body()))
+    completion = parse_completion(parse_json(await read_body(request, state.config.max_body_bytes)))
     _check_model(state, completion.settings)
     token_ids = await state.prompts.completion(completion.prompt)
     prompt = PromptInput(token_ids, param="prompt")
@@ -66,6 +66,23 @@ async def health(request: Request) -> Response:
     ok = client is not None and redis_ok
     body = {"status": "ok" if ok else "unavailable", "engine": engine, "redis": {"healthy": redis_ok}}
     return JSONResponse(body, status_code=200 if ok else 503)
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, or a 413 as soon as it passes `limit` bytes (never buffered whole first)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise _too_large(limit)
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise _too_large(limit)
+    return bytes(body)
+
+
+def _too_large(limit: int) -> APIError:
+    return APIError(f"request body exceeds {limit} bytes", code="request_too_large", status_code=413)
 
 
 def _check_model(state: GatewayState, settings: GenerationSettings) -> None:

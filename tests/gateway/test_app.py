@@ -177,6 +177,23 @@ def test_malformed_json_is_400(make_gateway: Any) -> None:
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
 
 
+def test_oversized_body_is_413(make_gateway: Any) -> None:
+    gw = make_gateway()
+    huge = {**CHAT, "messages": [{"role": "user", "content": "x" * (5 * 1024 * 1024)}]}
+    r = gw.post("/v1/chat/completions", huge)
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+
+    def chunks() -> Any:  # no Content-Length: caught while streaming in
+        yield b'{"model": "smollm2", "messages": [{"role": "user", "content": "'
+        for _ in range(80):
+            yield b"x" * 65536
+        yield b'"}]}'
+
+    r = gw.client.post("/v1/chat/completions", content=chunks(), headers={"Authorization": f"Bearer {gw.key}"})
+    assert r.status_code == 413
+    assert gw.engine.submitted == []
+
+
 def test_unknown_model_is_404(make_gateway: Any) -> None:
     gw = make_gateway()
     r = gw.post("/v1/chat/completions", {**CHAT, "model": "gpt-9"})
