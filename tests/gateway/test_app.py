@@ -234,6 +234,14 @@ def test_engine_error_mid_stream_is_an_error_event(make_gateway: Any) -> None:
     assert r.status_code == 500 and r.json()["error"]["code"] == "engine_request_error"
 
 
+def test_engine_shutdown_abort_is_503(make_gateway: Any) -> None:
+    gw = make_gateway(lambda req: Script([[7042]], reason="abort"))  # SIGTERM'd engine aborts in-flight work
+    events = sse_events(gw.post("/v1/chat/completions", {**CHAT, "stream": True}).text)
+    assert events[-1]["error"]["type"] == "engine_unavailable" and "[DONE]" not in events
+    r = gw.post("/v1/chat/completions", CHAT)
+    assert r.status_code == 503 and "shutting down" in r.json()["error"]["message"]
+
+
 def test_engine_refusal_before_output_is_400(make_gateway: Any) -> None:
     gw = make_gateway(lambda req: Script([[]], fail=RequestFailedError("the request may need 9 KV blocks")))
     r = gw.post("/v1/chat/completions", CHAT)
