@@ -235,6 +235,25 @@ def test_concurrent_requests_share_steps(engine: EngineProcess) -> None:
     assert stats.max_requests_per_step >= 4 and stats.num_free_blocks == NUM_BLOCKS
 
 
+def test_n_samples_stream_under_one_request_id_and_finish_separately(engine: EngineProcess) -> None:
+    async def main() -> list[TokenDelta | Finished]:
+        client = EngineClient(engine.address)
+        await client.start()
+        request = AddRequest("three", [1, 30, 40], SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=5,
+                                                                    ignore_eos=True))
+        async with await client.submit(request) as stream:
+            items = [item async for item in stream]
+        await client.close()
+        return items
+
+    items = asyncio.run(main())
+    finished = [i for i in items if isinstance(i, Finished)]
+    assert sorted(f.index for f in finished) == [0, 1, 2]
+    assert all(f.usage.completion_tokens == 5 and f.usage.prompt_tokens == 3 for f in finished)
+    for index in range(3):
+        assert sum(len(i.new_token_ids) for i in items if isinstance(i, TokenDelta) and i.index == index) == 5
+
+
 def test_garbage_is_answered_and_the_engine_keeps_serving(gateways: list[Gateway]) -> None:
     gw = gateways[0]
     for frame in (b"\x00\x01garbage", b"\x91\x63", encode(Hello(PROTOCOL_VERSION, "x"))[:-2], b"\x92\x03\x05"):

@@ -355,3 +355,16 @@ def test_bye_aborts_the_gateways_requests_and_forgets_it(engine: Running, ctx: z
     staying.send(GetStats())
     stats = staying.recv()
     assert isinstance(stats, Stats) and stats.num_gateways == 1 and stats.num_aborted == 1
+
+
+def test_a_second_stop_request_skips_the_rest_of_the_grace_period(ctx: zmq.Context) -> None:
+    running = start_server(grace_s=60.0)
+    gw = Gateway(ctx, running.server.address)
+    gw.send(add("slow", max_tokens=9000))
+    gw.recv()
+    running.server.request_stop()
+    time.sleep(0.1)
+    assert running.thread.is_alive()  # still inside its 60 s of grace
+    running.server.request_stop()  # Ctrl-C twice
+    running.thread.join(5.0)
+    assert running.exit_code == [0] and running.core.aborted == ["slow"]
