@@ -86,6 +86,23 @@ def test_usage_counts_exact_tokens(stack: Stack) -> None:
     assert out["usage"]["total_tokens"] == 11
 
 
+def test_stop_string_and_n_samples(stack: Stack) -> None:
+    body = chat_body("What is the capital of France?", max_tokens=16, stop=[" Paris"])
+    r = httpx.post(f"{stack.base_url}/v1/chat/completions", json=body, headers=stack.headers(), timeout=60).json()
+    assert r["choices"][0] == {"index": 0, "message": {"role": "assistant", "content": "The capital of France is"},
+                               "logprobs": None, "finish_reason": "stop"}
+    assert r["usage"]["completion_tokens"] == 6  # up to the token that completed " Paris"
+
+    body = {"model": "smollm2", "prompt": "Once upon a time", "max_tokens": 4, "ignore_eos": True, "n": 2,
+            "temperature": 1.0, "seed": 7, "stream": True, "stream_options": {"include_usage": True}}
+    r2 = httpx.post(f"{stack.base_url}/v1/completions", json=body, headers=stack.headers(), timeout=60)
+    events = parse_sse(r2.text)
+    finishes = {c["choices"][0]["index"]: c["choices"][0]["finish_reason"] for c in events[:-2]
+                if c["choices"][0]["finish_reason"]}
+    assert finishes == {0: "length", 1: "length"}
+    assert events[-2]["usage"]["completion_tokens"] == 8 and events[-1] == "[DONE]"
+
+
 @pytest.mark.parametrize("which", ["none", "wrong", "revoked"])
 def test_bad_keys_get_401(stack: Stack, which: str) -> None:
     headers = {"none": {}, "wrong": stack.headers("ps-" + "x" * 43), "revoked": stack.headers(stack.revoked_key)}
