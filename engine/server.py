@@ -154,9 +154,10 @@ class EngineServer:
         try:
             while not self._done_stopping():
                 self._wait_for_io()
+                started = time.perf_counter()
                 self._drain()
                 if self.core.has_unfinished_requests():
-                    self._step()
+                    self._step(started)
         except Exception as e:
             log.exception("fatal engine error")
             self._broadcast_engine_error(f"engine failed: {type(e).__name__}: {e}")
@@ -304,9 +305,11 @@ class EngineServer:
 
     # ----------------------------------------------------------------- outgoing
 
-    def _step(self) -> None:
+    def _step(self, started: float) -> None:
+        """One core step and its outputs; `started` is when this loop turn began draining messages."""
+        step_start = time.perf_counter()
         deltas = self.core.step()
-        self.stats.record_step(len({d.request_id for d in deltas}))
+        step_end = time.perf_counter()
         per_gateway: dict[bytes, tuple[list[TokenDelta], list[Finished]]] = {}
         for d in deltas:
             entry = self._inflight.get(d.request_id)
@@ -321,7 +324,9 @@ class EngineServer:
             if d.finish_reason is not None:
                 out[1].append(self._finish_one(d.request_id, d.index, d.finish_reason))
         for gateway, (token_deltas, finished) in per_gateway.items():
-            self._send(gateway, StepOutputs(token_deltas, finished, self.stats.num_steps))
+            self._send(gateway, StepOutputs(token_deltas, finished, self.stats.num_steps + 1))
+        self.stats.record_step(len({d.request_id for d in deltas}), step_seconds=step_end - step_start,
+                               loop_seconds=time.perf_counter() - started)
 
     def _finish_one(self, request_id: str, index: int, reason: str) -> Finished:
         entry = self._inflight[request_id]

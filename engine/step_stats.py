@@ -31,11 +31,17 @@ class StepStats:
     num_aborted: int = 0
     max_requests_per_step: int = 0
     total_requests_in_steps: int = 0
+    step_seconds: float = 0.0
+    """Time inside core.step() (the model and the scheduler)."""
+    loop_seconds: float = 0.0
+    """Time of whole busy loop turns: core.step() plus draining messages and sending outputs."""
 
-    def record_step(self, num_requests: int) -> None:
+    def record_step(self, num_requests: int, step_seconds: float = 0.0, loop_seconds: float = 0.0) -> None:
         self.num_steps += 1
         self.total_requests_in_steps += num_requests
         self.max_requests_per_step = max(self.max_requests_per_step, num_requests)
+        self.step_seconds += step_seconds
+        self.loop_seconds += loop_seconds
 
     def snapshot(self, core: CoreCounts, num_gateways: int) -> Stats:
         mean = self.total_requests_in_steps / self.num_steps if self.num_steps else 0.0
@@ -45,4 +51,5 @@ class StepStats:
             num_preemptions=core.num_preemptions, num_steps=self.num_steps, num_finished=self.num_finished,
             num_aborted=self.num_aborted, max_requests_per_step=self.max_requests_per_step,
             mean_requests_per_step=mean, num_gateways=num_gateways,
+            step_seconds=self.step_seconds, loop_seconds=self.loop_seconds,
         )

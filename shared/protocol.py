@@ -190,6 +190,10 @@ class Stats:
     """Most requests that shared one step (the batching the engine achieved)."""
     mean_requests_per_step: float
     num_gateways: int
+    step_seconds: float = 0.0
+    """Total time inside the core's steps (model + scheduler) since start."""
+    loop_seconds: float = 0.0
+    """Total time of busy loop turns (steps plus message I/O); minus step_seconds: the server's overhead."""
 
 
 @dataclass(frozen=True)

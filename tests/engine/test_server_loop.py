@@ -168,6 +168,7 @@ def test_abort_takes_effect_before_the_next_step_and_reports_usage(engine: Runni
     stats = gw.recv()
     assert isinstance(stats, Stats) and stats.num_aborted == 1 and stats.num_free_blocks == 64
     assert stats.num_steps == 1
+    assert stats.loop_seconds >= stats.step_seconds >= 0.001  # the fake step sleeps 1 ms
 
 
 def test_a_gateway_cannot_abort_another_gateways_request(engine: Running, ctx: zmq.Context) -> None:

@@ -61,8 +61,13 @@ GOLDEN_HEX = {
     "StepOutputs": "94059196a57265712d3100922ace000111700302009194a57265712d3100a66c656e6774689303020009",
     "Error": "9406a57265712d31a772657175657374af70726f6d707420746f6f206c6f6e67",
     "GetStats": "9107",
-    "Stats": "9d080102035a640405060708cb400400000000000001",
+    "Stats": "9f080102035a640405060708cb400400000000000001cb0000000000000000cb0000000000000000",
     "Bye": "9209a7636c6f73696e67",
+}
+
+# Frames of earlier versions of a message (before fields were appended): they must still decode.
+OLDER_PEER_HEX = {
+    "Stats": "9d080102035a640405060708cb400400000000000001",  # before step_seconds, loop_seconds
 }
 
 
@@ -73,6 +78,11 @@ def test_protocol_version_is_one() -> None:
 @pytest.mark.parametrize("name", sorted(SAMPLES))
 def test_golden_bytes(name: str) -> None:
     assert encode(SAMPLES[name]).hex() == GOLDEN_HEX[name]
+
+
+@pytest.mark.parametrize("name", sorted(OLDER_PEER_HEX))
+def test_frames_of_older_peers_still_decode(name: str) -> None:
+    assert decode(bytes.fromhex(OLDER_PEER_HEX[name])) == SAMPLES[name]
 
 
 @pytest.mark.parametrize("name", sorted(SAMPLES))
