@@ -47,7 +47,10 @@ async def serve(
     info = engine.model_info
     sampling = settings.sampling
     if not settings.max_tokens_given:
-        room = max(1, info.max_model_len - len(prompt.token_ids))
+        # The room left in the context, and in the whole KV pool (the engine refuses a request
+        # that could never fit: a default must not make a valid request unservable).
+        limit = min(info.max_model_len, info.num_blocks * info.block_size)
+        room = max(1, limit - len(prompt.token_ids))
         default = room if endpoint == "chat" else min(room, state.config.completion_default_max_tokens)
         sampling = dataclasses.replace(sampling, max_tokens=max(default, sampling.min_tokens))
     check_context(len(prompt.token_ids), sampling.max_tokens, info.max_model_len, prompt.param, settings.max_param)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -107,6 +108,16 @@ def test_completions_endpoint_text_and_token_prompt(make_gateway: Any) -> None:
     events = sse_events(r.text)
     assert events[0]["object"] == "text_completion" and events[0]["choices"][0]["text"] == " Paris"
     assert gw.engine.submitted[1].prompt_token_ids == [504, 3575]
+
+
+def test_default_max_tokens_fits_context_and_kv_pool(make_gateway: Any) -> None:
+    gw = make_gateway()  # fake engine: context 256 tokens, KV pool 64 blocks x 16 = 1024 tokens
+    gw.post("/v1/chat/completions", CHAT)
+    sent = gw.engine.submitted[0]
+    assert sent.sampling.max_tokens == 256 - len(sent.prompt_token_ids)
+    gw.engine.model_info = dataclasses.replace(gw.engine.model_info, num_blocks=4)  # a pool of 64 tokens
+    gw.post("/v1/chat/completions", CHAT)
+    assert gw.engine.submitted[1].sampling.max_tokens == 64 - len(sent.prompt_token_ids)
 
 
 def test_caller_context_reaches_the_engine(make_gateway: Any) -> None:
