@@ -69,7 +69,6 @@ def test_streamed_chat_answers_paris_with_usage(stack: Stack) -> None:
     for field in ("prompt_tokens", "completion_tokens", "total_tokens"):
         assert whole["usage"][field] == usage[field]
     # The second request found the first one's prompt blocks in the prefix cache (full blocks only).
-    assert usage["prompt_tokens_details"]["cached_tokens"] == 0
     assert 0 < whole["usage"]["prompt_tokens_details"]["cached_tokens"] < usage["prompt_tokens"]
     assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
     assert 0 < usage["completion_tokens"] <= 24 and usage["prompt_tokens"] > 20  # chat template + question
