@@ -38,8 +38,13 @@ DTYPE = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
 
 
 def attention_variant(dtype: str, hd: int, group: int, one_q: bool, splits: int, bs: int = 16) -> Variant:
+    import torch
+
+    from kernels.attention_launch import plan_launch
+
     t = DTYPE[dtype]
-    block_m = max(16, 1 << (group - 1).bit_length()) if one_q else max(64, 1 << (group - 1).bit_length())
+    max_q = 1 if one_q else 200
+    plan = plan_launch(max_q, 1, group, 1, hd, max_q, 4096, torch.device("cpu"), num_splits=splits)
     return Variant(
         name=f"paged_attention {dtype} hd={hd} group={group} {'decode' if one_q else 'varlen'} splits={splits}",
         kernel="kernels.paged_attention:_paged_attention_kernel",
@@ -54,15 +59,15 @@ def attention_variant(dtype: str, hd: int, group: int, one_q: bool, splits: int,
             "HEAD_DIM": hd,
             "HEAD_DIM_P": max(16, 1 << (hd - 1).bit_length()),
             "GROUP": group,
-            "BLOCK_M": block_m,
-            "BLOCK_Q": block_m // group,
+            "BLOCK_M": plan.block_m,
+            "BLOCK_Q": plan.block_q,
             "BLOCK_SIZE": bs,
-            "TILE_N": 64,
+            "TILE_N": plan.tile_n,
             "NUM_SPLITS": splits,
-            "ONE_Q_BLOCK": one_q,
+            "ONE_Q_BLOCK": plan.one_q_block,
             "UPCAST": False,
         },  # fmt: skip
-        num_warps=4 if block_m <= 16 else 8,
+        num_warps=plan.num_warps,
         wants_async_kv=dtype != "float32" and hd % 16 == 0,
     )
 

@@ -190,7 +190,8 @@ def measure(
 ) -> Row:
     import torch
 
-    from kernels.paged_attention import choose_num_splits, paged_attention
+    from kernels.attention_launch import choose_num_splits
+    from kernels.paged_attention import paged_attention
 
     query, k_cache, v_cache, table, qsl, seq_lens, scale = decode_batch(batch, context, args, device)
     out = torch.empty_like(query)

@@ -31,12 +31,11 @@ search and spare ones exit at once. When every request fits one query block
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
 
+from kernels.attention_launch import plan_launch
 from kernels.bf16 import store_cast
 from kernels.checks import (
     FLOAT_DTYPES,
@@ -52,9 +51,6 @@ from kernels.checks import (
 from kernels.merge_splits import merge_splits
 
 LOG2E = 1.4426950408889634
-MAX_SPLITS = 64
-MIN_TOKENS_PER_SPLIT = 256
-"""A split reads at least this many KV tokens, so the merge stays a small cost."""
 
 
 @triton.jit
@@ -276,23 +272,6 @@ def _check_args(
             raise KernelArgError(name, f"on {t.device}, query on {query.device}")
 
 
-def choose_num_splits(num_programs: int, max_seq_len: int, device: torch.device) -> int:
-    """KV splits for a decode batch of `num_programs` (request, KV head) programs.
-
-    Aim at about eight programs per SM: a few resident per SM hide memory latency,
-    and many small programs shrink the idle tail of the last wave. A split reads
-    at least MIN_TOKENS_PER_SPLIT keys, so the merge (float32 partials, about
-    2 * group * splits / context of the KV bytes) stays a small cost.
-    """
-    if device.type == "cuda":
-        target = 8 * torch.cuda.get_device_properties(device).multi_processor_count
-    else:
-        target = 4  # the interpreter: exercise the split path on long contexts only
-    by_occupancy = math.ceil(target / max(num_programs, 1))
-    by_length = max(1, max_seq_len // MIN_TOKENS_PER_SPLIT)
-    return max(1, min(MAX_SPLITS, by_occupancy, by_length))
-
-
 def paged_attention(
     query: torch.Tensor,  # (T, n_q, hd)
     key_cache: torch.Tensor,  # (num_blocks, block_size, n_kv, hd)
@@ -332,29 +311,18 @@ def paged_attention(
     if max_seq_len is None:
         max_seq_len = int(seq_lens.max())
 
-    group = n_q // n_kv
-    # Small M tiles for decode (KV-bandwidth bound), large ones for prefill so each
-    # KV tile loaded serves many query tokens.
-    block_m = max(16, next_pow2(group)) if max_query_len * group <= 16 else max(64, next_pow2(group))
-    block_q = block_m // group
-    one_q_block = max_query_len <= block_q
-    grid0 = batch if one_q_block else num_tokens // block_q + batch
-    if num_splits is None:
-        num_splits = choose_num_splits(grid0 * n_kv, max_seq_len, query.device) if one_q_block else 1
-    if not 1 <= num_splits <= 1024:
-        raise KernelArgError("num_splits", f"{num_splits} not in [1, 1024]")
-    if tile_n is None:
-        tile_n = 64 if head_dim <= 128 else 32
-    if tile_n < 16 or tile_n & (tile_n - 1):
-        raise KernelArgError("tile_n", f"{tile_n} is not a power of two >= 16")
-
+    plan = plan_launch(
+        num_tokens, batch, n_q, n_kv, head_dim, max_query_len, max_seq_len, query.device,
+        num_splits=num_splits, tile_n=tile_n, num_warps=num_warps,
+    )  # fmt: skip
+    num_splits = plan.num_splits
     part_out = part_lse = out  # placeholders the kernel never touches when NUM_SPLITS == 1
     if num_splits > 1:
         part_out = torch.empty(
             num_tokens, n_q, num_splits, head_dim, dtype=torch.float32, device=query.device
         )
         part_lse = torch.empty(num_tokens, n_q, num_splits, dtype=torch.float32, device=query.device)
-    _paged_attention_kernel[(grid0, n_kv, num_splits)](
+    _paged_attention_kernel[(plan.grid0, n_kv, num_splits)](
         out, part_out, part_lse, query, key_cache, value_cache,
         block_tables, query_start_loc, seq_lens,
         scale * LOG2E, batch,
@@ -362,10 +330,10 @@ def paged_attention(
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
         block_tables.stride(0), n_q,
-        HEAD_DIM=head_dim, HEAD_DIM_P=max(16, next_pow2(head_dim)), GROUP=group,
-        BLOCK_M=block_m, BLOCK_Q=block_q, BLOCK_SIZE=block_size, TILE_N=tile_n,
-        NUM_SPLITS=num_splits, ONE_Q_BLOCK=one_q_block, UPCAST=upcast_dots(query.dtype),
-        num_warps=num_warps or (4 if block_m <= 16 else 8), num_stages=num_stages,
+        HEAD_DIM=head_dim, HEAD_DIM_P=max(16, next_pow2(head_dim)), GROUP=n_q // n_kv,
+        BLOCK_M=plan.block_m, BLOCK_Q=plan.block_q, BLOCK_SIZE=block_size, TILE_N=plan.tile_n,
+        NUM_SPLITS=num_splits, ONE_Q_BLOCK=plan.one_q_block, UPCAST=upcast_dots(query.dtype),
+        num_warps=plan.num_warps, num_stages=num_stages,
     )  # fmt: skip
     if num_splits > 1:
         merge_splits(part_out, part_lse, out)

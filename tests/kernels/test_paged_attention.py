@@ -10,7 +10,7 @@ from triton.runtime.interpreter import InterpretedFunction
 
 from kernels import paged_attention as pa_module
 from kernels.checks import KernelArgError
-from kernels.paged_attention import choose_num_splits, paged_attention
+from kernels.paged_attention import paged_attention
 from tests.kernels.factories import assert_close_to_reference, make_batch
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
@@ -71,13 +71,6 @@ def test_strided_query_view_and_output() -> None:
 def test_empty_batch_returns_empty() -> None:
     batch = make_batch([0], [5], n_q=2, n_kv=1, head_dim=16, block_size=16, dtype=F32)
     assert paged_attention(*batch.args()).shape == (0, 2, 16)
-
-
-def test_split_heuristic_fills_a_gpu_only_for_long_contexts() -> None:
-    cpu = torch.device("cpu")
-    assert choose_num_splits(num_programs=1, max_seq_len=100, device=cpu) == 1
-    assert choose_num_splits(num_programs=1, max_seq_len=4096, device=cpu) == 4
-    assert choose_num_splits(num_programs=64, max_seq_len=4096, device=cpu) == 1
 
 
 @pytest.mark.parametrize(
