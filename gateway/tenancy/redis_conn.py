@@ -24,13 +24,17 @@ from gateway.tenancy.errors import TenancyUnavailable
 UNREACHABLE = (RedisConnectionError, RedisTimeoutError, ConnectionError, TimeoutError, OSError)
 
 
-def connect(url: str, *, timeout_s: float = 1.0, max_connections: int = 32) -> aioredis.Redis:
+def connect(url: str, *, timeout_s: float = 1.0, max_connections: int = 64,
+            pool_wait_s: float = 5.0) -> aioredis.Redis:
     """An async client with text replies and fail-fast timeouts (no network I/O happens here).
 
     The pool is blocking and small: Redis runs scripts one at a time, so more
     connections add no throughput, and a burst of requests waits a moment for
     a pooled connection instead of opening hundreds of sockets at once (which
-    on a busy host times out connecting).
+    on a busy host times out connecting). A dead Redis still fails fast: a
+    refused connection at once, an unanswered one after `timeout_s`, a hung
+    server after the read timeout; `pool_wait_s` only bounds the wait for a
+    pooled connection while all of them are busy (a starved process under a burst).
     """
     pool = aioredis.BlockingConnectionPool.from_url(
         url,
@@ -39,7 +43,7 @@ def connect(url: str, *, timeout_s: float = 1.0, max_connections: int = 32) -> a
         socket_timeout=max(timeout_s, 2.0),
         retry=Retry(NoBackoff(), 0),
         max_connections=max_connections,
-        timeout=max(timeout_s, 2.0),  # waiting for a free pooled connection
+        timeout=pool_wait_s,
     )
     return aioredis.Redis.from_pool(pool)
 
