@@ -62,8 +62,8 @@ def percentile(values: list[float], q: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
-def tokens(rng: random.Random, n: int) -> list[int]:
-    return [rng.randrange(3, 49_000) for _ in range(n)]  # no special ids
+def tokens(rng: random.Random, n: int, vocab: int) -> list[int]:
+    return [rng.randrange(3, vocab) for _ in range(n)]  # random ids above the special ones
 
 
 def flood_workload(args: argparse.Namespace, tag: str) -> list[Arrival]:
@@ -71,11 +71,11 @@ def flood_workload(args: argparse.Namespace, tag: str) -> list[Arrival]:
     out = []
     for i in range(args.low):
         params = SamplingParams(max_tokens=args.low_output, temperature=0.0, ignore_eos=True)
-        prompt = tokens(rng, rng.randint(args.low_prompt // 2, args.low_prompt * 3 // 2))
+        prompt = tokens(rng, rng.randint(args.low_prompt // 2, args.low_prompt * 3 // 2), args.vocab)
         out.append(Arrival(0.0, Request(f"{tag}-low{i}", prompt, params, 0.0, priority=10)))
     for i in range(args.urgent):
         params = SamplingParams(max_tokens=args.urgent_output, temperature=0.0, ignore_eos=True)
-        prompt = tokens(rng, rng.randint(24, 48))
+        prompt = tokens(rng, rng.randint(24, 48), args.vocab)
         at = args.urgent_start + i * args.urgent_every
         out.append(Arrival(at, Request(f"{tag}-urgent{i}", prompt, params, 0.0, priority=0)))
     return sorted(out, key=lambda a: a.at)
@@ -85,7 +85,7 @@ def pressure_workload(args: argparse.Namespace, tag: str) -> list[Arrival]:
     rng = random.Random(args.seed + 1)
     params = SamplingParams(max_tokens=args.pressure_output, temperature=0.0, ignore_eos=True)
     return [
-        Arrival(0.0, Request(f"{tag}-p{i}", tokens(rng, rng.randint(64, 192)), params, 0.0))
+        Arrival(0.0, Request(f"{tag}-p{i}", tokens(rng, rng.randint(64, 192), args.vocab), params, 0.0))
         for i in range(args.pressure_requests)
     ]
 
@@ -133,6 +133,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--model", default="smollm2")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--vocab", type=int, default=49_000, help="prompts draw token ids in [3, vocab)")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--low", type=int, default=32, help="low-urgency flood requests")
     p.add_argument("--low-prompt", type=int, default=256, help="mean flood prompt length")

@@ -1,13 +1,16 @@
 """The scheduler inside the real EngineCore: preemption, prefix hits and n > 1 change no output.
 
 Fast tests use a tiny random-weight Llama (engine/testing.py); the `slow` ones load
-the default model (SmolLM2-135M) and keep max_tokens tiny.
+the default model (SmolLM2-135M) and keep max_tokens tiny. `pageserve bench priority`
+gets a smoke run on the tiny model here too.
 """
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -146,3 +149,26 @@ def test_default_model_n4_uses_the_prompt_blocks_once() -> None:
     assert used == 17 + 3
     while core.has_unfinished():
         core.step()
+
+
+def test_bench_priority_runs_every_request_of_every_run(
+    tiny_model: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ops.bench import priority
+
+    out = tmp_path / "bench.json"
+    args = ["--model", tiny_model, "--vocab", "500", "--threads", "1", "--low", "3", "--low-prompt", "16"]
+    args += ["--low-output", "8", "--urgent", "2", "--urgent-start", "0", "--urgent-every", "0.01"]
+    args += ["--max-num-seqs", "2", "--device-blocks", "32", "--pressure-requests", "4"]
+    args += ["--pressure-output", "8", "--pressure-blocks", "16", "--json", str(out)]
+    assert priority.main(args) == 0
+    report = json.loads(out.read_text())
+    names = [r["name"] for r in report["runs"]]
+    assert names == ["fcfs", "priority", "pressure/swap", "pressure/recompute", "pressure/auto"]
+    for run in report["runs"][:2]:  # every request of every run completed
+        assert run["output_tokens"] == 3 * 8 + 2 * 8
+        assert sorted(run["ttft"]) == [f"{run['name']}-urgent0", f"{run['name']}-urgent1"]
+    for run in report["runs"][2:]:
+        assert run["output_tokens"] == 4 * 8
+    text = capsys.readouterr().out
+    assert "urgent p99 TTFT" in text and "pressure/recompute" in text
