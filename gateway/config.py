@@ -36,3 +36,5 @@ class GatewayConfig:
     max_body_bytes: int = 4 * 1024 * 1024
     """Larger request bodies get a 413 before they are buffered (a whole context of text is ~100 KB)."""
     log_level: str = "info"
+    workers: int = 1
+    """Gateway processes sharing the port (uvicorn workers); each has its own engine client and tokenizer."""

@@ -10,7 +10,9 @@ can use an EnvironmentFile. Logic lives in the app; this is the entry point only
 from __future__ import annotations
 
 import argparse
+import json
 import os
+from typing import Any
 
 from gateway.config import GatewayConfig
 from gateway.tenancy.admission import AdmissionConfig
@@ -33,6 +35,9 @@ def parse_args(argv: list[str]) -> GatewayConfig:
     p.add_argument("--engine-timeout", type=float, default=DEFAULTS.engine_connect_timeout_s,
                    help="seconds to wait for the engine at start-up")
     p.add_argument("--log-level", default=env("PAGESERVE_LOG_LEVEL", DEFAULTS.log_level))
+    p.add_argument("--workers", type=int, default=int(env("PAGESERVE_GATEWAY_WORKERS", str(DEFAULTS.workers))),
+                   help="gateway processes sharing the port; each is its own engine client (env "
+                        "PAGESERVE_GATEWAY_WORKERS)")
     quota = DEFAULTS.admission
     p.add_argument("--quota-lease", type=float, default=float(env("PAGESERVE_QUOTA_LEASE_S", str(quota.lease_s))),
                    help="seconds a dead gateway's concurrency slots stay held (env PAGESERVE_QUOTA_LEASE_S)")
@@ -40,6 +45,8 @@ def parse_args(argv: list[str]) -> GatewayConfig:
                    default=int(env("PAGESERVE_QUOTA_DEFAULT_MAX_TOKENS", str(quota.default_max_tokens))),
                    help="output tokens reserved when a request gives no max_tokens")
     a = p.parse_args(argv)
+    if a.workers < 1:
+        p.error("--workers must be at least 1")
     return GatewayConfig(
         engine_address=a.engine,
         redis_url=a.redis_url,
@@ -49,22 +56,45 @@ def parse_args(argv: list[str]) -> GatewayConfig:
         redis_prefix=a.redis_prefix,
         engine_connect_timeout_s=a.engine_timeout,
         log_level=a.log_level,
+        workers=a.workers,
         admission=AdmissionConfig(lease_s=a.quota_lease, heartbeat_s=a.quota_lease / 3,
                                   default_max_tokens=a.quota_default_max_tokens),
         admin_token=env("PAGESERVE_ADMIN_TOKEN") or None,  # env only: a flag would show in `ps`
     )
 
 
-def main(argv: list[str]) -> int:
+_ARGV_ENV = "PAGESERVE_GATEWAY_ARGV"
+"""How the command line reaches worker processes (uvicorn starts each one from an import string)."""
+
+
+def _configure_logging(config: GatewayConfig) -> None:
     import logging
 
+    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def app_from_env() -> Any:
+    """uvicorn's app factory in each worker process: same flags, own lifespan and engine client."""
+    from gateway.app import create_app
+
+    config = parse_args(json.loads(os.environ[_ARGV_ENV]))
+    _configure_logging(config)
+    return create_app(config)
+
+
+def main(argv: list[str]) -> int:
     import uvicorn
 
     from gateway.app import create_app
 
     config = parse_args(argv)
-    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _configure_logging(config)
     # access_log off: request lines carry no keys, but per-token streams make it noise at load.
-    uvicorn.run(create_app(config), host=config.host, port=config.port, log_level=config.log_level,
-                access_log=False, lifespan="on", timeout_graceful_shutdown=5)
+    common: dict[str, Any] = {"host": config.host, "port": config.port, "log_level": config.log_level,
+                              "access_log": False, "lifespan": "on", "timeout_graceful_shutdown": 5}
+    if config.workers > 1:
+        os.environ[_ARGV_ENV] = json.dumps(argv)
+        uvicorn.run("gateway.server:app_from_env", factory=True, workers=config.workers, **common)
+    else:
+        uvicorn.run(create_app(config), **common)
     return 0
