@@ -44,9 +44,10 @@ def order_chunks(chunks: list[ScheduledChunk]) -> list[ScheduledChunk]:
 
 
 def build_step_inputs(
-    chunks: list[ScheduledChunk], block_size: int, device: torch.device, plan: bool
+    chunks: list[ScheduledChunk], block_size: int, device: torch.device, plan: bool, native: bool = False
 ) -> StepInputs:
-    """`chunks` must already be in `order_chunks` order; `plan` builds the CPU attention plan."""
+    """`chunks` must already be in `order_chunks` order; `plan` builds the CPU attention plan
+    (`native`: with decodes for the C kernel)."""
     token_ids: list[int] = []
     positions: list[int] = []
     query_lens, seq_lens, tables, starts, logits_rows = [], [], [], [0], []
@@ -65,7 +66,7 @@ def build_step_inputs(
             logits_rows.append(starts[-1] - 1)
             sampled.append(c)
     max_blocks = max(len(t) for t in tables)
-    attention_plan = plan_attention(query_lens, seq_lens, tables, block_size, device) if plan else None
+    attention_plan = plan_attention(query_lens, seq_lens, tables, block_size, device, native) if plan else None
     if attention_plan is not None:
         slot_mapping = attention_plan.slot_mapping
     else:

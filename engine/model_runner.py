@@ -20,6 +20,7 @@ from engine.layers.attention import KernelPagedAttention, PagedAttentionOp, Torc
 from engine.models.llama import LlamaModel
 from engine.outputs import RunnerOutput, SchedulerOutput
 from engine.sampler import Sampler
+from kernels.cpu_attention import native_decode_available
 
 
 def make_attention(choice: str, device: torch.device) -> tuple[PagedAttentionOp, bool]:
@@ -41,6 +42,7 @@ class ModelRunner:
         self.device = kv_cache.device_pool.device
         self.block_size = kv_cache.layout.block_size
         self.attention, self._plan = make_attention(attention_backend, self.device)
+        self._native = self._plan and native_decode_available(kv_cache.layout.dtype, self.device)
 
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
         self.sampler.forget(out.finished_request_ids)
@@ -48,7 +50,9 @@ class ModelRunner:
         if not out.chunks:
             return RunnerOutput({})
         with torch.inference_mode():
-            inputs = build_step_inputs(order_chunks(out.chunks), self.block_size, self.device, self._plan)
+            inputs = build_step_inputs(
+                order_chunks(out.chunks), self.block_size, self.device, self._plan, self._native
+            )
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv_cache.layers, inputs.meta, self.attention)
             if not inputs.sampled:
                 return RunnerOutput({})

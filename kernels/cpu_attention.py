@@ -7,11 +7,17 @@ step from host-side lists (no tensor -> int syncs) and every layer reuses it.
     flat batch rows:  [ decodes, longest context first | prefill chunks ... ]
                         └ DecodeGroup ┘└ DecodeGroup ┘   └ ChunkPlan ┘
 
-Decodes (one query token each) are bucketed by context length into a few
-groups; a group gathers its requests' blocks in one `index_select` per cache,
-padded to the group's longest context and masked, and runs one batched
-`scaled_dot_product_attention` (GQA without repeating K/V). Bucketing bounds
-the padding that a single padded batch would waste on mixed lengths.
+Decodes (one query token each) dominate a serving step's attention, and they
+are memory-bound: every step reads each running request's whole K/V. Two ways:
+
+  native   a small C kernel (kernels/native_decode.py, compiled once with the
+           system C compiler, OpenMP over (request, KV head)) reads the blocks
+           in place through the block table: one pass over the KV bytes.
+  torch    fallback without a compiler: decodes are bucketed by context length
+           into a few groups; a group gathers its blocks (`index_select`),
+           padded to the group's longest context and masked, and runs one
+           batched `scaled_dot_product_attention` (GQA without repeating K/V).
+           Three passes over the KV bytes (gather read, write, attention read).
 
 A prefill chunk whose request has nothing cached yet (context_len == 0)
 attends causally to the step's own K/V and never touches the cache; a chunk
@@ -28,6 +34,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from kernels import cpu_decode
 
 # Cost of one extra decode group per layer, in units of padded blocks: a group costs
 # a few op launches (~40 us); one padded block costs gathering + attending 16 tokens.
@@ -51,6 +59,19 @@ class DecodeGroup:
 
 
 @dataclass(frozen=True)
+class NativeDecodePlan:
+    """All decode rows at once, for the C kernel (kernels/cpu_decode.py): no padding, no gather."""
+
+    rows: torch.Tensor
+    """(D,) int64 rows of the flat batch."""
+    block_tables: torch.Tensor
+    """(D, max_blocks) int64, padded with block 0 past each request's blocks (never read)."""
+    seq_lens: torch.Tensor
+    """(D,) int64"""
+    max_seq_len: int
+
+
+@dataclass(frozen=True)
 class ChunkPlan:
     """Several query tokens of one request (a prompt or a piece of one)."""
 
@@ -70,8 +91,15 @@ class AttentionPlan:
     slot_mapping: torch.Tensor
     """(T,) int64: the cache slot each row's K/V is written to."""
     decode_groups: tuple[DecodeGroup, ...]
+    """Decodes for the PyTorch path (empty when `native_decode` is set)."""
     chunks: tuple[ChunkPlan, ...]
     block_size: int
+    native_decode: NativeDecodePlan | None = None
+
+
+def native_decode_available(dtype: torch.dtype, device: torch.device | str = "cpu") -> bool:
+    """Whether plans for this dtype/device can hand decodes to the C kernel."""
+    return torch.device(device).type == "cpu" and dtype in cpu_decode.SUPPORTED and cpu_decode.load() is not None
 
 
 def compute_slot_mapping(
@@ -96,12 +124,21 @@ def plan_attention(
     block_tables: list[list[int]],
     block_size: int,
     device: torch.device | str = "cpu",
+    native: bool = False,
 ) -> AttentionPlan:
-    """Plan one step. Requests are in flat-batch order; seq_lens count the cache after the write."""
+    """Plan one step. Requests are in flat-batch order; seq_lens count the cache after the write.
+
+    `native` hands the decodes to the C kernel (check `native_decode_available` first).
+    """
     starts = [0]
     for q in query_lens:
         starts.append(starts[-1] + q)
     decode = [i for i, q in enumerate(query_lens) if q == 1]
+    native_plan = None
+    if native and decode:
+        native_plan = _native_decode([starts[i] for i in decode], [seq_lens[i] for i in decode],
+                                     [block_tables[i] for i in decode], block_size, device)
+        decode = []
     decode.sort(key=lambda i: -seq_lens[i])
     groups = [
         _decode_group([starts[i] for i in members], [seq_lens[i] for i in members],
@@ -115,7 +152,21 @@ def plan_attention(
     ]
     slots = compute_slot_mapping(query_lens, seq_lens, block_tables, block_size)
     slot_mapping = torch.tensor(slots, dtype=torch.int64, device=device)
-    return AttentionPlan(slot_mapping, tuple(groups), tuple(chunks), block_size)
+    return AttentionPlan(slot_mapping, tuple(groups), tuple(chunks), block_size, native_plan)
+
+
+def _native_decode(
+    rows: list[int], seq_lens: list[int], tables: list[list[int]], block_size: int, device: torch.device | str
+) -> NativeDecodePlan:
+    nbs = [(s + block_size - 1) // block_size for s in seq_lens]
+    width = max(nbs)
+    padded = [t[:n] + [0] * (width - n) for t, n in zip(tables, nbs, strict=True)]
+    return NativeDecodePlan(
+        rows=torch.tensor(rows, dtype=torch.int64, device=device),
+        block_tables=torch.tensor(padded, dtype=torch.int64, device=device),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int64, device=device),
+        max_seq_len=max(seq_lens),
+    )
 
 
 def _bucket(num_blocks: list[int], ids: list[int]) -> list[list[int]]:
@@ -219,9 +270,15 @@ def attend(
     engine's cache holds only finite values (zero-initialised, then written K/V), so only
     callers with arbitrary caches (`paged_attention`) pay for `sanitize`.
     """
-    out = torch.empty_like(query)
     n_q, hd = query.shape[1], query.shape[2]
     bs, n_kv = key_cache.shape[1], key_cache.shape[2]
+    out = torch.empty(query.shape, dtype=query.dtype, device=query.device)  # (T, n_q, hd) contiguous
+    if plan.native_decode is not None:
+        nd = plan.native_decode
+        kernel = cpu_decode.load()
+        assert kernel is not None, "planned for the native kernel, which is not available"
+        kernel(out, query, key_cache, value_cache, nd.rows, nd.block_tables, nd.seq_lens,
+               nd.max_seq_len, scale)
     for g in plan.decode_groups:
         s = g.num_blocks * bs
         k = key_cache.index_select(0, g.block_index).view(g.num_requests, s, n_kv, hd).transpose(1, 2)
@@ -270,7 +327,8 @@ def paged_attention(
     keep = [i for i, q in enumerate(query_lens) if q > 0]
     bs = key_cache.shape[1]
     tables = [block_tables[i, : (lens[i] + bs - 1) // bs].tolist() for i in keep]
-    plan = plan_attention([query_lens[i] for i in keep], [lens[i] for i in keep], tables, bs, query.device)
+    native = native_decode_available(query.dtype, query.device) and key_cache.is_contiguous()
+    plan = plan_attention([query_lens[i] for i in keep], [lens[i] for i in keep], tables, bs, query.device, native)
     if len(keep) != len(query_lens):  # empty requests leave holes: re-plan rows by their real starts
         plan = _shift_rows(plan, [starts[i] for i in keep], [query_lens[i] for i in keep])
     return attend(query, key_cache, value_cache, plan, scale, sanitize=True)
@@ -287,8 +345,12 @@ def _shift_rows(plan: AttentionPlan, starts: list[int], query_lens: list[int]) -
         rows = range(g.rows.start, g.rows.stop) if isinstance(g.rows, slice) else g.rows.tolist()
         real = torch.tensor([where[r] for r in rows], dtype=torch.int64, device=plan.slot_mapping.device)
         groups.append(DecodeGroup(real, g.num_requests, g.num_blocks, g.block_index, g.mask))
+    native = plan.native_decode
+    if native is not None:
+        rows = torch.tensor([where[r] for r in native.rows.tolist()], dtype=torch.int64, device=native.rows.device)
+        native = NativeDecodePlan(rows, native.block_tables, native.seq_lens, native.max_seq_len)
     chunks = [
         ChunkPlan(where[c.start], where[c.start] + c.end - c.start, c.context_len, c.block_index, c.mask)
         for c in plan.chunks
     ]
-    return AttentionPlan(plan.slot_mapping, tuple(groups), tuple(chunks), plan.block_size)
+    return AttentionPlan(plan.slot_mapping, tuple(groups), tuple(chunks), plan.block_size, native)

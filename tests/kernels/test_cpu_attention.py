@@ -2,11 +2,29 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 
 from kernels import cpu_attention as ca
+from kernels import cpu_decode
 from kernels import reference as ref
+
+
+@pytest.fixture(params=["native", "torch"])
+def decode_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run a test once with decodes in the C kernel and once on the pure-PyTorch fallback."""
+    if request.param == "torch":
+        monkeypatch.setattr(cpu_decode, "load", lambda: None)
+    elif cpu_decode.load() is None:
+        pytest.skip("no C compiler here: the native decode kernel cannot be built")
+    return str(request.param)
+
+
+def test_native_kernel_builds_where_a_compiler_exists() -> None:
+    if shutil.which("cc") or shutil.which("gcc"):
+        assert cpu_decode.load() is not None
 
 
 def _batch(q_lens, seq_lens, *, n_q=6, n_kv=2, hd=24, block_size=5, dtype=torch.float32, seed=0):
@@ -52,7 +70,7 @@ CASES = {
 
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_paged_attention_matches_reference(case: str, dtype: torch.dtype) -> None:
+def test_paged_attention_matches_reference(case: str, dtype: torch.dtype, decode_path: str) -> None:
     q_lens, seq_lens = CASES[case]
     n_q, n_kv = (4, 4) if case == "gqa_ratio_1" else (6, 2)
     args = _batch(q_lens, seq_lens, n_q=n_q, n_kv=n_kv, dtype=dtype)
@@ -66,13 +84,14 @@ def test_paged_attention_matches_reference(case: str, dtype: torch.dtype) -> Non
     torch.testing.assert_close(out[rows].float(), want[rows].float(), atol=tol, rtol=tol)
 
 
-def test_fresh_kv_path_equals_cache_path() -> None:
+def test_fresh_kv_path_equals_cache_path(decode_path: str) -> None:
     """The model's path (K/V of fresh prefills taken from the step) matches reading the cache."""
     q_lens, seq_lens = [9, 1, 4, 1], [9, 30, 12, 3]
     query, kc, vc, tables, qsl, sl, scale = _batch(q_lens, seq_lens)
     kc, vc = kc.nan_to_num(0.0), vc.nan_to_num(0.0)
     block_tables = [t[: (s + 4) // 5] for t, s in zip(tables.tolist(), seq_lens, strict=True)]
-    plan = ca.plan_attention(q_lens, seq_lens, block_tables, 5)
+    plan = ca.plan_attention(q_lens, seq_lens, block_tables, 5, native=decode_path == "native")
+    assert (plan.native_decode is not None) == (decode_path == "native")
     flat_k = kc.view(-1, *kc.shape[2:])[plan.slot_mapping]  # (T, n_kv, hd): what the step computed
     flat_v = vc.view(-1, *vc.shape[2:])[plan.slot_mapping]
     fast = ca.attend(query, kc, vc, plan, scale, fresh_kv=(flat_k, flat_v))
@@ -102,3 +121,14 @@ def test_decode_bucketing_groups_similar_lengths() -> None:
     assert sorted(sum(groups, [])) == list(range(7))
     assert [0, 1, 2] in groups  # long ones together, short ones not padded to 40 blocks
     assert len(groups) <= ca.MAX_DECODE_GROUPS
+
+
+def test_native_decode_reads_strided_queries_and_wide_groups(decode_path: str) -> None:
+    """Queries sliced out of a fused q|k tensor (row stride > n_q * hd), GQA group of 8, head_dim 80."""
+    q_lens, seq_lens = [1, 1, 1], [50, 1, 17]
+    _, kc, vc, tables, qsl, sl, scale = _batch(q_lens, seq_lens, n_q=16, n_kv=2, hd=80)
+    fused = torch.randn(3, 18, 80)  # 16 query heads then 2 key heads, as the model lays them out
+    query = fused[:, :16]
+    out = ca.paged_attention(query, kc, vc, tables, qsl, sl, scale)
+    want = ref.paged_attention_ref(query.contiguous(), kc, vc, tables, qsl, sl, scale)
+    torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)

@@ -1,0 +1,213 @@
+"""`pageserve bench offline`: this engine against Hugging Face static batching, one workload, one process.
+
+Standard workload (seed 0): 64 requests, prompt lengths uniform in [32, 512] of
+random non-special token ids, output lengths uniform in [16, 256], greedy, EOS
+ignored; numpy's default_rng(0) draws 17,709 prompt and 8,885 output tokens.
+
+  engine   all requests submitted at once to EngineCore (continuous batching, paged KV)
+  hf       transformers `generate` on left-padded static batches in arrival order; each
+           batch runs to its longest output (only requested tokens count); best of
+           several batch sizes
+Both use the same model folder and dtype. Prints output tokens/s of each and the
+ratio, and the KV cache waste at the engine's peak allocation (allocated slots
+not holding a token, over allocated slots) beside what contiguous reservations
+would have wasted for the same running requests. `--json PATH` writes the numbers.
+A benchmark, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from engine.config import CacheConfig, EngineConfig, GiB, ModelConfig
+from engine.core import EngineCore
+from engine.request import Request
+from engine.scheduler_config import SchedulerConfig
+from shared.sampling import SamplingParams
+
+FIRST_ORDINARY_ID = 17  # SmolLM2's ids 0..16 are special tokens; random prompts avoid them
+
+
+@dataclass(frozen=True)
+class Workload:
+    prompts: list[list[int]]
+    output_lens: list[int]
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(len(p) for p in self.prompts)
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(self.output_lens)
+
+
+def make_workload(n: int, prompt_range: tuple[int, int], output_range: tuple[int, int], vocab: int,
+                  seed: int = 0) -> Workload:
+    rng = np.random.default_rng(seed)
+    prompt_lens = rng.integers(prompt_range[0], prompt_range[1] + 1, n)
+    output_lens = rng.integers(output_range[0], output_range[1] + 1, n)
+    prompts = [rng.integers(FIRST_ORDINARY_ID, vocab, int(p)).tolist() for p in prompt_lens]
+    return Workload(prompts, [int(o) for o in output_lens])
+
+
+@dataclass
+class WasteTracker:
+    """KV slots at the step of peak allocation, and what contiguous reservations would take."""
+
+    max_model_len: int
+    peak_allocated: int = 0
+    held_at_peak: int = 0
+    running_at_peak: int = 0
+    reserved_exact_at_peak: int = 0
+    """Contiguous reservation of prompt + max_tokens per running request (needs an oracle)."""
+
+    def observe(self, running: list[Request], block_size: int) -> None:
+        allocated = sum(len(r.block_ids) for r in running) * block_size
+        if allocated > self.peak_allocated:
+            self.peak_allocated = allocated
+            self.held_at_peak = sum(r.num_computed_tokens for r in running)
+            self.running_at_peak = len(running)
+            self.reserved_exact_at_peak = sum(r.num_prompt_tokens + r.sampling.max_tokens for r in running)
+
+    def report(self) -> dict[str, float]:
+        def waste(slots: int) -> float:
+            return 1.0 - self.held_at_peak / slots if slots else 0.0
+
+        return {
+            "paged": waste(self.peak_allocated),
+            "contiguous_max_model_len": waste(self.running_at_peak * self.max_model_len),
+            "contiguous_prompt_plus_max_tokens": waste(self.reserved_exact_at_peak),
+            "peak_allocated_slots": self.peak_allocated,
+            "running_at_peak": self.running_at_peak,
+        }
+
+
+@dataclass
+class EngineRun:
+    seconds: float
+    output_tokens: int
+    steps: int
+    waste: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def tok_s(self) -> float:
+        return self.output_tokens / self.seconds
+
+
+def run_engine(core: EngineCore, w: Workload) -> EngineRun:
+    tracker = WasteTracker(core.model_info.max_model_len)
+    for i, (prompt, n_out) in enumerate(zip(w.prompts, w.output_lens, strict=True)):
+        params = SamplingParams(temperature=0.0, max_tokens=n_out, ignore_eos=True)
+        core.add_request(Request(f"bench-{i}", prompt, params, arrival_time=0.0))
+    produced, steps = 0, 0
+    t0 = time.perf_counter()
+    while core.has_unfinished():
+        produced += sum(len(d.new_token_ids) for d in core.step())
+        steps += 1
+        tracker.observe(core.scheduler.running, core.model_info.block_size)
+    seconds = time.perf_counter() - t0
+    assert produced == w.output_tokens, f"engine produced {produced} tokens, wanted {w.output_tokens}"
+    return EngineRun(seconds, produced, steps, tracker.report())
+
+
+def run_hf(model: Any, w: Workload, batch_size: int, pad_id: int) -> float:
+    """Seconds for HF static batching: left-padded batches in arrival order."""
+    t0 = time.perf_counter()
+    for start in range(0, len(w.prompts), batch_size):
+        prompts = w.prompts[start : start + batch_size]
+        longest = max(len(p) for p in prompts)
+        ids = torch.tensor([[pad_id] * (longest - len(p)) + p for p in prompts])
+        mask = torch.tensor([[0] * (longest - len(p)) + [1] * len(p) for p in prompts])
+        n_new = max(w.output_lens[start : start + batch_size])
+        with torch.inference_mode():
+            model.generate(ids, attention_mask=mask, max_new_tokens=n_new, min_new_tokens=n_new, do_sample=False,
+                           pad_token_id=pad_id)
+    return time.perf_counter() - t0
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="pageserve bench offline", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="smollm2")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--num-requests", type=int, default=64)
+    p.add_argument("--prompt-len", type=int, nargs=2, default=(32, 512), metavar=("MIN", "MAX"))
+    p.add_argument("--output-len", type=int, nargs=2, default=(16, 256), metavar=("MIN", "MAX"))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--hf-batch-sizes", default="16,32,64", help="comma list; the best counts (default 16,32,64)")
+    p.add_argument("--skip-hf", action="store_true", help="run only this engine")
+    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--kv-cache-gib", type=float, default=2.0)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    config = EngineConfig(
+        model=ModelConfig(model=args.model, dtype=args.dtype),
+        cache=CacheConfig(block_size=args.block_size, kv_cache_memory=int(args.kv_cache_gib * GiB), swap_space=0),
+        scheduler=SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                                  enable_prefix_caching=False),
+    )
+    core = EngineCore(config)
+    w = make_workload(args.num_requests, tuple(args.prompt_len), tuple(args.output_len), core.model_info.vocab_size,
+                      args.seed)
+    print(f"workload: {len(w.prompts)} requests, {w.prompt_tokens} prompt + {w.output_tokens} output tokens, "
+          f"greedy, EOS ignored; model {core.model_info.name} {args.dtype}, {torch.get_num_threads()} threads")
+    run_engine(core, make_workload(2, (8, 8), (4, 4), core.model_info.vocab_size, seed=1))  # warm-up
+    eng = run_engine(core, w)
+    results: dict[str, Any] = {"workload": {"requests": len(w.prompts), "prompt_tokens": w.prompt_tokens,
+                                            "output_tokens": w.output_tokens, "seed": args.seed},
+                               "dtype": args.dtype, "threads": torch.get_num_threads(),
+                               "engine": {**asdict(eng), "tok_s": eng.tok_s}}
+    rows = [("pageserve engine", "-", eng.seconds, eng.tok_s)]
+    if not args.skip_hf:
+        hf_runs = _bench_hf(core, w, args)
+        results["hf_static"] = hf_runs
+        best = max(hf_runs, key=lambda r: r["tok_s"])
+        results["ratio"] = eng.tok_s / best["tok_s"]
+        rows += [(f"HF static generate{' (best)' if r is best else ''}", str(r["batch_size"]), r["seconds"],
+                  r["tok_s"]) for r in hf_runs]
+    print(f"\n{'system':<28}{'batch':>6}{'seconds':>10}{'output tok/s':>14}")
+    for name, batch, secs, tps in rows:
+        print(f"{name:<28}{batch:>6}{secs:>10.1f}{tps:>14.1f}")
+    if "ratio" in results:
+        print(f"\nengine / best HF static: {results['ratio']:.2f}x")
+    waste = eng.waste
+    print(f"KV waste at peak allocation ({waste['running_at_peak']} running, {waste['peak_allocated_slots']} slots): "
+          f"paged {100 * waste['paged']:.2f}%, contiguous max_model_len={core.model_info.max_model_len} "
+          f"{100 * waste['contiguous_max_model_len']:.1f}%, contiguous prompt+max_tokens "
+          f"{100 * waste['contiguous_prompt_plus_max_tokens']:.1f}%")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+    return 0
+
+
+def _bench_hf(core: EngineCore, w: Workload, args: argparse.Namespace) -> list[dict[str, Any]]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(core.model_info.path, dtype=getattr(torch, args.dtype))
+    model.eval()
+    pad = core.model_info.eos_token_id or 0
+    run_hf(model, make_workload(2, (8, 8), (4, 4), core.model_info.vocab_size, seed=1), 2, pad)  # warm-up
+    out = []
+    for bs in (int(b) for b in args.hf_batch_sizes.split(",")):
+        secs = run_hf(model, w, bs, pad)
+        out.append({"batch_size": bs, "seconds": secs, "tok_s": w.output_tokens / secs})
+        print(f"  HF static batch {bs}: {secs:.1f}s, {w.output_tokens / secs:.1f} output tok/s", flush=True)
+    return out
