@@ -39,7 +39,9 @@ import logging
 import os
 import socket
 import uuid
+from collections.abc import Coroutine
 from types import TracebackType
+from typing import Any
 
 import zmq
 import zmq.asyncio
@@ -195,7 +197,8 @@ class EngineClient:
         else:
             await self.close()
             raise EngineUnavailableError(self._handshake_refusal(reply))
-        self._tasks = [asyncio.create_task(self._read_loop()), asyncio.create_task(self._watch_loop())]
+        self._tasks = [asyncio.create_task(self._guarded(self._read_loop())),
+                       asyncio.create_task(self._guarded(self._watch_loop()))]
         log.info("connected to engine at %s: model %s", self.address, reply.model_name)
 
     def _decode_handshake(self, frames: list[bytes]) -> Message | None:
@@ -282,6 +285,16 @@ class EngineClient:
         await self._sock.send(encode(msg))
 
     # ----------------------------------------------------------------- background tasks
+
+    async def _guarded(self, loop: Coroutine[Any, Any, None]) -> None:
+        """A background task that dies must not leave streams waiting forever: fail them all."""
+        try:
+            await loop
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            log.exception("engine client background task failed")
+            self._fail_all(EngineDeadError(f"engine client failed: {type(e).__name__}: {e}"))
 
     async def _read_loop(self) -> None:
         assert self._sock is not None

@@ -319,3 +319,22 @@ def test_close_says_bye_and_the_engine_aborts_what_was_left_running(engine: Runn
     while engine.core.aborted != ["unfinished"] and time.monotonic() < deadline:
         time.sleep(0.01)
     assert engine.core.aborted == ["unfinished"]
+
+
+def test_a_failing_reader_fails_the_streams_instead_of_leaving_them_waiting(engine: Running) -> None:
+    async def main() -> tuple[str, bool]:
+        client = await connected(engine.server.address)
+
+        def broken_dispatch(msg: object) -> None:
+            raise KeyError("a bug in routing")
+
+        client._dispatch = broken_dispatch  # type: ignore[method-assign]
+        stream = await client.submit(add("victim", max_tokens=3))
+        with pytest.raises(EngineDeadError) as e:
+            await asyncio.wait_for(stream.__anext__(), 5.0)
+        healthy = client.healthy
+        await client.close()
+        return str(e.value), healthy
+
+    message, healthy = asyncio.run(main())
+    assert message == "engine client failed: KeyError: 'a bug in routing'" and not healthy
