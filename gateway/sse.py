@@ -60,8 +60,8 @@ class SSEResponse:
 
                 tg.start_soon(stream_then_stop)
                 tg.start_soon(wait_disconnect_then_stop)
-        except OSError:
-            pass  # the socket broke under a send: the same as a disconnect
+        except* OSError:
+            pass  # the socket broke under a send (ASGI 2.4 servers raise): the same as a disconnect
         finally:
             with anyio.CancelScope(shield=True):
                 try:

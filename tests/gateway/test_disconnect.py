@@ -96,3 +96,28 @@ def test_sse_response_runs_on_close_once_even_if_never_started() -> None:
 
     asyncio.run(main())
     assert closed == ["x"]
+
+
+def test_sse_response_treats_a_broken_socket_as_a_disconnect() -> None:
+    closed: list[str] = []
+
+    async def events() -> Any:
+        while True:
+            yield b"data: 1\n\n"
+
+    async def on_close() -> None:
+        closed.append("x")
+
+    async def main() -> None:
+        async def receive() -> dict[str, Any]:
+            await asyncio.Event().wait()  # the server never reports the disconnect...
+            return {}
+
+        async def send(message: dict[str, Any]) -> None:
+            if message.get("body"):
+                raise OSError("connection reset")  # ...its send fails instead
+
+        await SSEResponse(events(), on_close)({"type": "http"}, receive, send)
+
+    asyncio.run(main())
+    assert closed == ["x"]
