@@ -118,7 +118,8 @@ class BlockManager:
         return PrefixHit(hits, len(hits) * bs)
 
     def cache_full_blocks(self, req: Request) -> None:
-        """Register the request's newly full, computed blocks (call after their KV is written)."""
+        """Register the blocks that the request's computed tokens fill (at schedule time: their
+        KV is written by this step's forward, before any attention of the step reads it)."""
         if not self.enable_prefix_caching:
             return
         table, bs = self._tables.get(req.request_id, []), self.block_size

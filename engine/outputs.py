@@ -39,7 +39,9 @@ class SchedulerOutput:
     """One step's work. The runner applies the block moves before the forward pass, with
     blocks_to_swap_out first (or every source read before any write): a device block freed by
     a swap-out may be the destination of a copy or a swap-in in the same step. Copies and
-    swap-ins may run in either order."""
+    swap-ins may run in either order. In each layer every chunk's KV is written before any
+    attention reads the cache: a chunk's context may be a prefix-cache hit on blocks that
+    another chunk of the same step fills."""
 
     chunks: list[ScheduledChunk]
     blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)

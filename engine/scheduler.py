@@ -3,9 +3,11 @@
 One rule for every request (vLLM V1): each step moves `num_computed_tokens` toward
 `num_tokens` under a token budget, so prefill chunks, prefix-cache hits and decodes
 share one step. `num_computed_tokens` is advanced at schedule time (the chunk's KV
-is written by that step's forward); `update` appends the sampled token, registers
-newly full blocks in the prefix cache, and finishes requests. A finished request's
-seat is refilled by the very next `schedule()`.
+is written by that step's forward) and the blocks it fills are registered in the
+prefix cache right away, so requests sharing a prompt prefix and admitted in the same
+step compute it once. `update` appends the sampled token, forks n > 1 samples and
+finishes requests. A finished request's seat is refilled by the very next `schedule()`.
+Priorities: a lower value is more urgent (vLLM's convention).
 
 A step, in order:
   0. (priority policy) an urgent waiting request that cannot fit may preempt running
@@ -142,7 +144,6 @@ class Scheduler:
             if state is None or state.req.status is not RequestStatus.RUNNING:
                 continue  # aborted since schedule()
             req = state.req
-            self.bm.cache_full_blocks(req)
             if not chunk.sample:
                 continue
             token = runner_output.sampled_token_ids.get(chunk.request_id)
@@ -243,6 +244,9 @@ class Scheduler:
         else:
             tokens = req.all_token_ids[start : start + num_new]
         req.num_computed_tokens += num_new
+        # Findable at once: a request admitted later in this step may hit these blocks, and
+        # reads them after this step's KV write (the runner writes every chunk's KV first).
+        self.bm.cache_full_blocks(req)
         chunk = ScheduledChunk(
             request_id=req.request_id,
             token_ids=tokens,

@@ -95,7 +95,11 @@ def test_a_prefix_hit_gives_the_same_output_as_a_miss(tiny_model: str) -> None:
             core,
             [Request(f"t{i}", system + t, greedy([[1]], 8)[0].sampling, 0.0) for i, t in enumerate(tails)],
         )
-        outs[caching] = (first, rest)
+        # All at once, with a prefix nobody computed yet: hits on blocks filled this very step.
+        hits_before = core.stats().prefix_cache_hit_tokens
+        together = run(core, greedy([system[::-1] + t for t in tails], 8))
+        assert (core.stats().prefix_cache_hit_tokens - hits_before == 3 * 24) == caching
+        outs[caching] = (first, rest, together)
         assert (core.stats().prefix_cache_hit_tokens > 0) == caching
     assert outs[True] == outs[False]
 

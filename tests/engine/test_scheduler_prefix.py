@@ -112,3 +112,18 @@ def test_recompute_after_preemption_hits_the_cache() -> None:
     for r in (a, b):
         assert output(run, r) == reference(r.prompt_token_ids, r.sampling, 0, 256)[0]
         assert run.results[(r.request_id, 0)].num_cached_tokens == 0  # reported at first admission
+
+
+def test_requests_admitted_in_the_same_step_compute_a_shared_prefix_once() -> None:
+    sched, runner = make_scheduler(block_size=4, max_num_batched_tokens=64)
+    reqs = [make_request(SYSTEM + [60 + i], max_tokens=3, ignore_eos=True) for i in range(4)]
+    for r in reqs:
+        sched.add_request(r)
+    run = Run()
+    first = step(sched, runner, run)
+    assert [len(c.token_ids) for c in first.chunks] == [13, 1, 1, 1]
+    assert all(c.block_ids[:3] == first.chunks[0].block_ids[:3] for c in first.chunks)
+    run = run_to_end(sched, runner, run)
+    for r in reqs:
+        assert output(run, r) == reference(r.prompt_token_ids, r.sampling, 0, 256)[0]
+    assert [run.results[(r.request_id, 0)].num_cached_tokens for r in reqs] == [0, 12, 12, 12]
