@@ -16,6 +16,7 @@ It knows nothing about HTTP or OpenAI's JSON shapes; it never imports torch.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +29,8 @@ from gateway.stop_strings import StopStringMatcher
 from gateway.tenancy.admission import Admission, Ticket
 from shared.protocol import AddRequest, Finished, TokenDelta
 from shared.sampling import SamplingParams
+
+log = logging.getLogger("pageserve.gateway")
 
 
 class Engine(Protocol):
@@ -210,11 +213,18 @@ class Generation:
         if self._closed:
             return
         self._closed = True
+        cut = self._stream is not None and not self._stream.finished
         try:
             if self._stream is not None:
                 await self._stream.aclose()
         finally:
             await self.settle()
+        # One line per request: ids and counts only (never a key, never prompt or output text).
+        reasons = ",".join(s.finish_reason or "-" for s in self._samples)
+        outcome = "failed" if self.failed else "aborted" if cut and "-" in reasons else reasons
+        u = self.usage
+        log.info("%s tenant=%s %s prompt=%d completion=%d cached=%d %.2fs", self.request_id, self.caller.tenant_id,
+                 outcome, u.prompt_tokens, u.completion_tokens, u.cached_tokens, time.time() - self.arrival_time)
 
 
 def _as_api_error(e: EngineError) -> APIError:

@@ -57,6 +57,10 @@ class FakeStream:
             self._queue.put_nowait(Finished(request.request_id, index, script.reason,  # type: ignore[arg-type]
                                             Usage(n_prompt, len(tokens), 0)))
 
+    @property
+    def finished(self) -> bool:
+        return self._remaining == 0
+
     def __aiter__(self) -> FakeStream:
         return self
 

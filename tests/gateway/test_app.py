@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from typing import Any
 
 import pytest
@@ -118,6 +119,15 @@ def test_default_max_tokens_fits_context_and_kv_pool(make_gateway: Any) -> None:
     gw.engine.model_info = dataclasses.replace(gw.engine.model_info, num_blocks=4)  # a pool of 64 tokens
     gw.post("/v1/chat/completions", CHAT)
     assert gw.engine.submitted[1].sampling.max_tokens == 64 - len(sent.prompt_token_ids)
+
+
+def test_one_log_line_per_request_without_secrets(make_gateway: Any, caplog: pytest.LogCaptureFixture) -> None:
+    gw = make_gateway()
+    with caplog.at_level(logging.INFO, logger="pageserve.gateway"):
+        body = gw.post("/v1/chat/completions", CHAT).json()
+    lines = [r.getMessage() for r in caplog.records if body["id"] in r.getMessage()]
+    assert len(lines) == 1 and " length prompt=" in lines[0] and "completion=4" in lines[0]
+    assert all(gw.key not in r.getMessage() and "Paris" not in r.getMessage() for r in caplog.records)
 
 
 def test_caller_context_reaches_the_engine(make_gateway: Any) -> None:
