@@ -31,11 +31,12 @@ import socket
 import sys
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 import zmq
 
+from engine.inflight import InFlightTable
 from engine.outputs import RequestDelta
 from engine.request import Request
 from engine.step_stats import CoreCounts, StepStats
@@ -45,15 +46,12 @@ from shared.protocol import (
     AddRequest,
     Bye,
     Error,
-    Finished,
     GetStats,
     Hello,
     Message,
     ProtocolError,
     Ready,
     StepOutputs,
-    TokenDelta,
-    Usage,
     decode,
     encode,
 )
@@ -96,21 +94,6 @@ class ServerConfig:
     """How long final messages (the shutdown Error) may take to flush at exit."""
 
 
-@dataclass
-class _InFlight:
-    """A request the engine holds, and where its outputs go."""
-
-    gateway: bytes
-    num_prompt_tokens: int
-    unfinished: set[int]
-    """Sample indices that have not finished yet."""
-    tenant_id: str
-    added_at: float
-    """time.monotonic() when the engine accepted it (the finish log line's latency)."""
-    num_output: dict[int, int] = field(default_factory=dict)
-    num_cached: int = 0
-
-
 class EngineServer:
     def __init__(self, core: CoreLike, info: EngineInfo, config: ServerConfig) -> None:
         self.core, self.info, self.config = core, info, config
@@ -133,7 +116,7 @@ class EngineServer:
         self._poller.register(self._sock, zmq.POLLIN)
         self._poller.register(self._wake_r.fileno(), zmq.POLLIN)
         self._gateways: dict[bytes, str] = {}
-        self._inflight: dict[str, _InFlight] = {}
+        self._inflight = InFlightTable()
         self._stop_deadline: float | None = None
         self.stats = StepStats()
 
@@ -188,12 +171,12 @@ class EngineServer:
                 pass
 
     def _finish_shutdown(self) -> None:
-        aborted = list(self._inflight)
+        aborted = self._inflight.ids()
         if aborted:
             self.core.abort_requests(aborted)
+            self._inflight.drop(aborted)
             self.stats.num_aborted += len(aborted)
             log.info("shutdown: aborted %d in-flight requests after the grace period", len(aborted))
-        self._inflight.clear()
         self._broadcast_engine_error(
             f"engine shutting down (SIGTERM); {len(aborted)} in-flight request(s) aborted"
         )
@@ -239,7 +222,7 @@ class EngineServer:
         elif isinstance(msg, Abort):
             self._on_abort(gateway, msg.request_ids)
         elif isinstance(msg, GetStats):
-            self._send(gateway, self.stats.snapshot(self.core.counts(), len(self._gateways)))
+            self._send(gateway, self.stats.snapshot(self.core.counts(), len(self._gateways), self._inflight.num_finished))
         elif isinstance(msg, Bye):
             self._forget_gateway(gateway, f"said goodbye ({msg.reason or 'no reason'})")
         else:
@@ -274,8 +257,7 @@ class EngineServer:
         except ValueError as e:  # the core's verdict on a request it cannot serve
             self._send(gateway, Error(add.request_id, "request", str(e)))
             return
-        self._inflight[add.request_id] = _InFlight(gateway, len(add.prompt_token_ids), set(range(add.sampling.n)),
-                                                   add.tenant_id, time.monotonic())
+        self._inflight.add(add, gateway)
 
     def _check_add(self, add: AddRequest) -> str | None:
         if self._stop_deadline is not None:
@@ -295,11 +277,11 @@ class EngineServer:
         return None
 
     def _on_abort(self, gateway: bytes, request_ids: list[str]) -> None:
-        mine = [rid for rid in request_ids if rid in self._inflight and self._inflight[rid].gateway == gateway]
+        mine = self._inflight.owned(gateway, request_ids)
         if not mine:
             return  # finished already, or not this gateway's to abort
         self.core.abort_requests(mine)
-        finished = [fin for rid in mine for fin in self._finish_all(rid, "abort")]
+        finished = [fin for rid in mine for fin in self._inflight.finish_all(rid, "abort")]
         self.stats.num_aborted += len(mine)
         self._send(gateway, StepOutputs([], finished, self.stats.num_steps))
 
@@ -310,39 +292,10 @@ class EngineServer:
         step_start = time.perf_counter()
         deltas = self.core.step()
         step_end = time.perf_counter()
-        per_gateway: dict[bytes, tuple[list[TokenDelta], list[Finished]]] = {}
-        for d in deltas:
-            entry = self._inflight.get(d.request_id)
-            if entry is None:
-                continue  # aborted while the step ran: the gateway was already told
-            out = per_gateway.setdefault(entry.gateway, ([], []))
-            entry.num_output[d.index] = d.num_output_tokens
-            entry.num_cached = d.num_cached_tokens
-            if d.new_token_ids:
-                out[0].append(TokenDelta(d.request_id, d.index, list(d.new_token_ids), d.num_prompt_tokens,
-                                         d.num_output_tokens, d.num_cached_tokens))
-            if d.finish_reason is not None:
-                out[1].append(self._finish_one(d.request_id, d.index, d.finish_reason))
-        for gateway, (token_deltas, finished) in per_gateway.items():
+        for gateway, (token_deltas, finished) in self._inflight.route(deltas).items():
             self._send(gateway, StepOutputs(token_deltas, finished, self.stats.num_steps + 1))
         self.stats.record_step(len({d.request_id for d in deltas}), step_seconds=step_end - step_start,
                                loop_seconds=time.perf_counter() - started)
-
-    def _finish_one(self, request_id: str, index: int, reason: str) -> Finished:
-        entry = self._inflight[request_id]
-        entry.unfinished.discard(index)
-        fin = Finished(request_id, index, reason,  # type: ignore[arg-type]
-                       Usage(entry.num_prompt_tokens, entry.num_output.get(index, 0), entry.num_cached))
-        if not entry.unfinished:
-            del self._inflight[request_id]
-            self.stats.num_finished += 1
-            log.info("request %s (tenant %s) finished (%s) in %.2f s: prompt %d, output %d, cached %d tokens",
-                     request_id, entry.tenant_id or "-", reason, time.monotonic() - entry.added_at,
-                     entry.num_prompt_tokens, sum(entry.num_output.values()), entry.num_cached)
-        return fin
-
-    def _finish_all(self, request_id: str, reason: str) -> list[Finished]:
-        return [self._finish_one(request_id, i, reason) for i in sorted(self._inflight[request_id].unfinished)]
 
     def _send(self, gateway: bytes, msg: Message) -> None:
         try:
@@ -355,11 +308,10 @@ class EngineServer:
     def _forget_gateway(self, gateway: bytes, why: str) -> None:
         """The gateway left: nobody will read its requests' outputs, so stop them."""
         name = self._gateways.pop(gateway, None)
-        orphans = [rid for rid, entry in self._inflight.items() if entry.gateway == gateway]
+        orphans = self._inflight.of_gateway(gateway)
         if orphans:
             self.core.abort_requests(orphans)
-            for rid in orphans:
-                del self._inflight[rid]
+            self._inflight.drop(orphans)
             self.stats.num_aborted += len(orphans)
         log.info("gateway %s %s; aborted its %d requests", name, why, len(orphans))
 

@@ -27,7 +27,6 @@ class CoreCounts:
 @dataclass
 class StepStats:
     num_steps: int = 0
-    num_finished: int = 0
     num_aborted: int = 0
     max_requests_per_step: int = 0
     total_requests_in_steps: int = 0
@@ -43,12 +42,12 @@ class StepStats:
         self.step_seconds += step_seconds
         self.loop_seconds += loop_seconds
 
-    def snapshot(self, core: CoreCounts, num_gateways: int) -> Stats:
+    def snapshot(self, core: CoreCounts, num_gateways: int, num_finished: int) -> Stats:
         mean = self.total_requests_in_steps / self.num_steps if self.num_steps else 0.0
         return Stats(
             num_running=core.num_running, num_waiting=core.num_waiting, num_swapped=core.num_swapped,
             num_free_blocks=core.num_free_blocks, num_total_blocks=core.num_total_blocks,
-            num_preemptions=core.num_preemptions, num_steps=self.num_steps, num_finished=self.num_finished,
+            num_preemptions=core.num_preemptions, num_steps=self.num_steps, num_finished=num_finished,
             num_aborted=self.num_aborted, max_requests_per_step=self.max_requests_per_step,
             mean_requests_per_step=mean, num_gateways=num_gateways,
             step_seconds=self.step_seconds, loop_seconds=self.loop_seconds,

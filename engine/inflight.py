@@ -1,0 +1,104 @@
+"""The engine server's table of requests in flight: who asked for each, and what to tell them.
+
+    request id ──> gateway identity, prompt length, unfinished sample indices, last counts
+
+It turns the core's RequestDeltas into wire entries (TokenDelta, Finished with
+usage) grouped by the gateway that sent each request, and logs one line per
+finished request (ids and counts only: never prompts). Plain Python: no zmq, no
+torch, nothing about how the core computes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from engine.outputs import RequestDelta
+from shared.protocol import AddRequest, Finished, FinishReason, TokenDelta, Usage
+
+log = logging.getLogger("pageserve.engine")
+
+PerGateway = dict[bytes, tuple[list[TokenDelta], list[Finished]]]
+"""One step's outputs, grouped by gateway identity: what becomes one StepOutputs message each."""
+
+
+@dataclass
+class _Entry:
+    gateway: bytes
+    num_prompt_tokens: int
+    unfinished: set[int]
+    """Sample indices that have not finished yet."""
+    tenant_id: str
+    added_at: float
+    """time.monotonic() when the engine accepted it (the finish line's latency)."""
+    num_output: dict[int, int] = field(default_factory=dict)
+    num_cached: int = 0
+
+
+class InFlightTable:
+    def __init__(self) -> None:
+        self._entries: dict[str, _Entry] = {}
+        self.num_finished = 0
+        """Requests whose every sample finished (any reason) since start."""
+
+    def __contains__(self, request_id: str) -> bool:
+        return request_id in self._entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def ids(self) -> list[str]:
+        return list(self._entries)
+
+    def add(self, add: AddRequest, gateway: bytes) -> None:
+        assert add.request_id not in self._entries, add.request_id
+        self._entries[add.request_id] = _Entry(gateway, len(add.prompt_token_ids), set(range(add.sampling.n)),
+                                               add.tenant_id, time.monotonic())
+
+    def owned(self, gateway: bytes, request_ids: Iterable[str]) -> list[str]:
+        """The ids among these that are in flight and were sent by this gateway."""
+        return [rid for rid in request_ids if rid in self._entries and self._entries[rid].gateway == gateway]
+
+    def of_gateway(self, gateway: bytes) -> list[str]:
+        return [rid for rid, entry in self._entries.items() if entry.gateway == gateway]
+
+    def route(self, deltas: list[RequestDelta]) -> PerGateway:
+        """Wire entries for one step's deltas; requests that finish here leave the table."""
+        out: PerGateway = {}
+        for d in deltas:
+            entry = self._entries.get(d.request_id)
+            if entry is None:
+                continue  # aborted earlier: its gateway was already told
+            token_deltas, finished = out.setdefault(entry.gateway, ([], []))
+            entry.num_output[d.index] = d.num_output_tokens
+            entry.num_cached = d.num_cached_tokens
+            if d.new_token_ids:
+                token_deltas.append(TokenDelta(d.request_id, d.index, list(d.new_token_ids), d.num_prompt_tokens,
+                                               d.num_output_tokens, d.num_cached_tokens))
+            if d.finish_reason is not None:
+                finished.append(self._finish_one(d.request_id, d.index, d.finish_reason))  # type: ignore[arg-type]
+        return out
+
+    def finish_all(self, request_id: str, reason: FinishReason) -> list[Finished]:
+        """End every unfinished sample of a request (abort): its Finished entries, with usage so far."""
+        return [self._finish_one(request_id, i, reason) for i in sorted(self._entries[request_id].unfinished)]
+
+    def drop(self, request_ids: Iterable[str]) -> None:
+        """Forget requests nobody will hear about (their gateway is gone, or the engine is stopping)."""
+        for rid in request_ids:
+            del self._entries[rid]
+
+    def _finish_one(self, request_id: str, index: int, reason: FinishReason) -> Finished:
+        entry = self._entries[request_id]
+        entry.unfinished.discard(index)
+        fin = Finished(request_id, index, reason,
+                       Usage(entry.num_prompt_tokens, entry.num_output.get(index, 0), entry.num_cached))
+        if not entry.unfinished:
+            del self._entries[request_id]
+            self.num_finished += 1
+            log.info("request %s (tenant %s) finished (%s) in %.2f s: prompt %d, output %d, cached %d tokens",
+                     request_id, entry.tenant_id or "-", reason, time.monotonic() - entry.added_at,
+                     entry.num_prompt_tokens, sum(entry.num_output.values()), entry.num_cached)
+        return fin
