@@ -184,7 +184,8 @@ def test_swap_out_needs_room_in_the_cpu_pool() -> None:
 @given(
     ops=st.lists(
         st.tuples(
-            st.sampled_from(["alloc", "grow", "free", "swap_out", "swap_in", "fork"]), st.integers(0, 5)
+            st.sampled_from(["alloc", "grow", "free", "swap_out", "swap_in", "fork", "end_step"]),
+            st.integers(0, 5),
         ),
         max_size=40,
     )
@@ -220,6 +221,8 @@ def test_random_operations_keep_the_books(ops: list[tuple[str, int]]) -> None:
             state[req.request_id] = "cpu"
         elif op == "swap_in" and st_ == "cpu" and bm.swap_in(req) is not None:
             state[req.request_id] = "dev"
+        elif op == "end_step":
+            bm.end_step()
         elif op == "fork" and st_ == "dev":
             child = next((r for r in reqs if state[r.request_id] == "new" and r is not req), None)
             if child is not None and child.prompt_token_ids == req.prompt_token_ids:
@@ -233,6 +236,7 @@ def test_random_operations_keep_the_books(ops: list[tuple[str, int]]) -> None:
                 assert len(r.block_ids) == bm.blocks_for(r.num_computed_tokens)
     for r in reqs:
         bm.free(r)
+    bm.end_step()
     bm.check([])
     assert bm.num_free_device_blocks == 10 and bm.num_free_cpu_blocks == 5
 
