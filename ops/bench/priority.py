@@ -84,8 +84,9 @@ def flood_workload(args: argparse.Namespace, tag: str) -> list[Arrival]:
 def pressure_workload(args: argparse.Namespace, tag: str) -> list[Arrival]:
     rng = random.Random(args.seed + 1)
     params = SamplingParams(max_tokens=args.pressure_output, temperature=0.0, ignore_eos=True)
+    lo, hi = args.pressure_prompt // 2, args.pressure_prompt * 3 // 2
     return [
-        Arrival(0.0, Request(f"{tag}-p{i}", tokens(rng, rng.randint(64, 192), args.vocab), params, 0.0))
+        Arrival(0.0, Request(f"{tag}-p{i}", tokens(rng, rng.randint(lo, hi), args.vocab), params, 0.0))
         for i in range(args.pressure_requests)
     ]
 
@@ -146,8 +147,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--max-num-batched-tokens", type=int, default=512)
     p.add_argument("--device-blocks", type=int, default=256, help="KV blocks of 16 tokens for part 1")
     p.add_argument("--pressure-requests", type=int, default=16)
-    p.add_argument("--pressure-output", type=int, default=64)
-    p.add_argument("--pressure-blocks", type=int, default=48, help="KV blocks for part 2 (scarce)")
+    p.add_argument("--pressure-prompt", type=int, default=64, help="mean prompt length in part 2")
+    p.add_argument("--pressure-output", type=int, default=96, help="long outputs: growth forces preemption")
+    p.add_argument("--pressure-blocks", type=int, default=32, help="KV blocks for part 2 (scarce)")
     p.add_argument("--json", help="also write the results here")
     return p.parse_args(argv)
 
