@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -57,10 +58,10 @@ async def _stats(address: str) -> Stats:
 
 
 def _spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
-    out = open(log, "wb")  # noqa: SIM115 (closed by the process owner at exit)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "-m", "ops.cli", *args], stdout=out, stderr=subprocess.STDOUT,
-                            env=env, start_new_session=True)
+    with open(log, "wb") as out:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen([sys.executable, "-m", "ops.cli", *args], stdout=out, stderr=subprocess.STDOUT,
+                                env=env, start_new_session=True)
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
@@ -105,7 +106,7 @@ async def _make_keys(redis_url: str) -> tuple[str, str]:
 
 
 @pytest.fixture(scope="session")
-def stack(redis_url: str) -> Iterator[Stack]:
+def stack(redis_url: str, request: pytest.FixtureRequest) -> Iterator[Stack]:
     logs = Path(tempfile.mkdtemp(prefix="pageserve-e2e-"))
     engine_address = f"tcp://127.0.0.1:{free_port()}"
     port = free_port()
@@ -125,3 +126,7 @@ def stack(redis_url: str) -> Iterator[Stack]:
     finally:
         _stop(procs["gateway"])
         _stop(procs["engine"])
+        if request.session.testsfailed:
+            print(f"\ne2e process logs kept in {logs}")
+        else:
+            shutil.rmtree(logs, ignore_errors=True)
