@@ -30,11 +30,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from engine.block_manager import BlockManager, BlockPairs
 from engine.fair_queue import FairQueue, aged_level
-from engine.outputs import RequestDelta, RunnerOutput, ScheduledChunk, SchedulerOutput
+from engine.outputs import RequestDelta, RunnerOutput, SchedulerOutput
 from engine.preemption import pick_victim, plan_room, preempt_kind, victim_order
 from engine.request import Request, RequestStatus
 from engine.request_checks import RequestRejected, validate_request
@@ -42,20 +41,10 @@ from engine.sample_group import SampleGroup, SampleState, make_delta, sample_ids
 from engine.scheduler_checks import check_scheduler
 from engine.scheduler_config import SchedulerConfig, SchedulerStats
 from engine.scheduler_counters import Counters
+from engine.step_builder import StepBuilder
 from engine.stop_conditions import finish_status
 
 __all__ = ["RequestRejected", "Scheduler", "SchedulerConfig", "SchedulerStats"]
-
-
-@dataclass
-class _Step:
-    """What one schedule() call has decided so far."""
-
-    budget: int
-    chunks: list[ScheduledChunk] = field(default_factory=list)
-    swap_out: BlockPairs = field(default_factory=list)
-    swap_in: BlockPairs = field(default_factory=list)
-    copies: BlockPairs = field(default_factory=list)
 
 
 class Scheduler:
@@ -119,18 +108,12 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         now = self._clock()
         self.bm.end_step()
-        step = _Step(budget=self.config.max_num_batched_tokens)
+        step = StepBuilder(budget=self.config.max_num_batched_tokens)
         if self.config.policy == "priority":
             self._preempt_for_urgent(now, step)
         if not self._schedule_running(step):
             self._schedule_queued(now, step)
-        out = SchedulerOutput(
-            chunks=step.chunks,
-            blocks_to_swap_out=step.swap_out,
-            blocks_to_swap_in=step.swap_in,
-            blocks_to_copy=step.copies,
-            finished_request_ids=self._finished_ids,
-        )
+        out = step.build(self._finished_ids)
         self._finished_ids = []
         self._counters.end_step(len(step.chunks), out.num_tokens)
         return out
@@ -157,7 +140,7 @@ class Scheduler:
             deltas.append(make_delta(req, [token], state.group, state.index))
         return deltas
 
-    def _schedule_running(self, step: _Step) -> bool:
+    def _schedule_running(self, step: StepBuilder) -> bool:
         """Give each running request its next chunk, preempting when blocks run out.
         Returns whether anything was preempted for memory."""
         preempted = False
@@ -179,7 +162,7 @@ class Scheduler:
                 self._emit(req, num_new, copies, step)
         return preempted
 
-    def _schedule_queued(self, now: float, step: _Step) -> None:
+    def _schedule_queued(self, now: float, step: StepBuilder) -> None:
         """Resume swapped requests and admit waiting ones, most urgent first."""
         while step.budget > 0:
             swapped = min(
@@ -200,7 +183,7 @@ class Scheduler:
             return self._seq_of(swapped) <= self._seq_of(waiting)
         return self._queued_level(swapped, now) <= self.waiting.level(waiting, now)
 
-    def _resume(self, req: Request, step: _Step) -> bool:
+    def _resume(self, req: Request, step: StepBuilder) -> bool:
         num_new = self._num_new_tokens(req, 0, step.budget)
         after = self.bm.blocks_for(req.num_computed_tokens + num_new) - self.bm.num_swapped_blocks(req)
         pairs = self.bm.swap_in(req, reserve=after + self._watermark(self.config.swap_in_watermark))
@@ -217,7 +200,7 @@ class Scheduler:
         self._emit(req, num_new, copies, step)
         return True
 
-    def _admit(self, req: Request, step: _Step) -> bool:
+    def _admit(self, req: Request, step: StepBuilder) -> bool:
         hit = self.bm.find_prefix(req)
         num_new = self._num_new_tokens(req, hit.num_tokens, step.budget)
         copies = self.bm.allocate(req, num_new, hit, reserve=self._watermark(self.config.admission_watermark))
@@ -236,30 +219,11 @@ class Scheduler:
         self._emit(req, num_new, copies, step)
         return True
 
-    def _emit(self, req: Request, num_new: int, copies: BlockPairs, step: _Step) -> None:
-        start = req.num_computed_tokens
-        n_prompt = req.num_prompt_tokens
-        if start >= n_prompt:
-            tokens = req.output_token_ids[start - n_prompt : start - n_prompt + num_new]
-        else:
-            tokens = req.all_token_ids[start : start + num_new]
-        req.num_computed_tokens += num_new
+    def _emit(self, req: Request, num_new: int, copies: BlockPairs, step: StepBuilder) -> None:
+        step.add_chunk(req, num_new, copies)
         # Findable at once: a request admitted later in this step may hit these blocks, and
         # reads them after this step's KV write (the runner writes every chunk's KV first).
         self.bm.cache_full_blocks(req)
-        chunk = ScheduledChunk(
-            request_id=req.request_id,
-            token_ids=tokens,
-            start_position=start,
-            block_ids=req.block_ids,  # the block manager replaces, never mutates, this list
-            sample=req.num_computed_tokens == req.num_tokens,
-            sampling=req.sampling,
-            num_output_tokens=req.num_output_tokens,
-            eos_token_id=req.eos_token_id,
-        )
-        step.chunks.append(chunk)
-        step.copies += copies
-        step.budget -= num_new
         self.waiting.charge(req, num_new)
 
     def _num_new_tokens(self, req: Request, num_cached: int, budget: int) -> int:
@@ -271,7 +235,7 @@ class Scheduler:
 
     # -- preemption ----------------------------------------------------------------------
 
-    def _preempt(self, victim: Request, step: _Step, urgent: bool) -> None:
+    def _preempt(self, victim: Request, step: StepBuilder, urgent: bool) -> None:
         self.running.remove(victim)
         kind = preempt_kind(
             self.config, self.bm.num_held(victim), victim.num_computed_tokens, self.bm.num_free_cpu_blocks
@@ -289,7 +253,7 @@ class Scheduler:
             self.waiting.push(victim, state.seq, state.enqueued_at)
         self._counters.preempted(pairs, urgent)
 
-    def _preempt_for_urgent(self, now: float, step: _Step) -> None:
+    def _preempt_for_urgent(self, now: float, step: StepBuilder) -> None:
         """Make room for the head of the queue by preempting requests far less urgent."""
         req = self.waiting.peek(now)
         if req is None:
