@@ -30,30 +30,17 @@ This module imports neither torch nor engine/ nor gateway/.
 
 from __future__ import annotations
 
-import dataclasses
-import types
-import typing
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, Union
+from typing import ClassVar, Literal
 
-import msgpack
-
-from shared.sampling import SamplingError, SamplingParams
+from shared.sampling import SamplingParams
+from shared.wire_codec import Codec, ProtocolError
 
 PROTOCOL_VERSION = 1
 """Bumped only for changes that appending fields cannot express."""
 
 ErrorKind = Literal["request", "engine"]
 FinishReason = Literal["stop", "length", "abort"]
-
-
-class ProtocolError(ValueError):
-    """A frame that is not a valid message; `request_id` is set when the frame named one."""
-
-    def __init__(self, message: str, request_id: str | None = None) -> None:
-        super().__init__(message)
-        self.request_id = request_id
 
 
 # --------------------------------------------------------------------------- messages
@@ -206,197 +193,20 @@ class Bye:
 
 Message = Hello | Ready | AddRequest | Abort | StepOutputs | Error | GetStats | Stats | Bye
 _TOP_LEVEL: tuple[type, ...] = (Hello, Ready, AddRequest, Abort, StepOutputs, Error, GetStats, Stats, Bye)
-_NESTED: tuple[type, ...] = (TokenDelta, Usage, Finished)
-_BY_TAG: dict[int, type] = {cls.TAG: cls for cls in _TOP_LEVEL}  # type: ignore[attr-defined]
+_CODEC = Codec(_TOP_LEVEL)
 
-
-# --------------------------------------------------------------------------- codecs
-#
-# Each field's annotation is compiled once, at import, into a checker (decode) and
-# an encoder. Checkers take only the value: the path of a bad value ("AddRequest
-# .sampling.top_k") is assembled while a `_Bad` propagates, so valid frames never
-# pay for building paths.
-
-Check = Callable[[Any], Any]
-"""Validates one decoded value and returns it (converted where needed); raises _Bad."""
-Encode = Callable[[Any], Any] | None
-"""Turns a field value into msgpack-able data; None: the value goes as it is."""
-
-
-class _Bad(Exception):
-    def __init__(self, message: str, path: str = "") -> None:
-        self.message, self.path = message, path
-
-    def at(self, segment: str) -> _Bad:
-        self.path = segment + self.path
-        return self
-
-
-def _expected(what: str, value: Any) -> _Bad:
-    return _Bad(f"expected {what}, got {type(value).__name__}")
-
-
-def _check_int(value: Any) -> int:
-    if type(value) is not int:
-        raise _expected("int", value)
-    return value
-
-
-def _check_float(value: Any) -> float:
-    if type(value) is float:
-        return value
-    if type(value) is not int:
-        raise _expected("float", value)
-    return float(value)
-
-
-def _check_str(value: Any) -> str:
-    if type(value) is not str:
-        raise _expected("str", value)
-    return value
-
-
-def _check_bool(value: Any) -> bool:
-    if type(value) is not bool:
-        raise _expected("bool", value)
-    return value
-
-
-_SCALARS: dict[Any, Check] = {int: _check_int, float: _check_float, str: _check_str, bool: _check_bool}
-
-
-def _list_checker(item: Check, item_type: Any, conv: type) -> Check:
-    def check(value: Any) -> Any:
-        if type(value) is not list:
-            raise _expected("array", value)
-        if item_type in (int, str) and (not value or set(map(type, value)) == {item_type}):
-            return value if conv is list else conv(value)  # the common case, checked at C speed
-        out = []
-        for x in value:
-            try:
-                out.append(item(x))
-            except _Bad as e:
-                raise e.at("[]") from None
-        return conv(out)
-
-    return check
-
-
-def _compile(tp: Any) -> tuple[Check, Encode]:
-    """Build the checker and encoder for one annotated type."""
-    if tp in _SCALARS:
-        return _SCALARS[tp], None
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin is Literal:
-        allowed = tuple(str(a) for a in args)
-
-        def check_literal(v: Any) -> Any:
-            if type(v) is not str or v not in allowed:
-                raise _expected(" | ".join(allowed), v)
-            return v
-
-        return check_literal, None
-    if origin in (Union, types.UnionType):
-        inner, enc = _compile(next(a for a in args if a is not type(None)))
-        return (lambda v: None if v is None else inner(v)), (None if enc is None else
-                                                              lambda v: None if v is None else enc(v))
-    if origin in (list, tuple):
-        item, item_enc = _compile(args[0])
-        list_enc: Encode = None if item_enc is None else (lambda v: [item_enc(x) for x in v])
-        return _list_checker(item, args[0], tuple if origin is tuple else list), list_enc
-    if tp is SamplingParams:
-        return _check_sampling, SamplingParams.to_dict
-    if tp in _NESTED:
-        return (lambda v: _decode_fields(tp, v)), (lambda v: _encode_fields(tp, v))
-    raise TypeError(f"protocol: no codec for {tp!r}")  # a programming error, caught at import
-
-
-@dataclass(frozen=True)
-class _Field:
-    name: str
-    check: Check
-    encode: Encode
-    required: bool
-
-
-def _fields_of(cls: type) -> list[_Field]:
-    hints = typing.get_type_hints(cls)
-    return [
-        _Field(f.name, *_compile(hints[f.name]),
-               required=f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
-        for f in dataclasses.fields(cls)
-    ]
-
-
-_SCHEMA: dict[type, list[_Field]] = {}
-_SAMPLING_CHECKS: dict[str, Check] = {}
-
-
-def _encode_fields(cls: type, msg: Any) -> list[Any]:
-    return [getattr(msg, f.name) if f.encode is None else f.encode(getattr(msg, f.name)) for f in _SCHEMA[cls]]
-
-
-def _decode_fields(cls: type, values: Any) -> Any:
-    if type(values) is not list:
-        raise _expected(f"{cls.__name__} array", values)
-    schema = _SCHEMA[cls]
-    kwargs: dict[str, Any] = {}
-    for f, value in zip(schema, values, strict=False):  # extra trailing values: a newer peer's fields
-        try:
-            kwargs[f.name] = f.check(value)
-        except _Bad as e:
-            raise e.at("." + f.name) from None
-    for f in schema[len(values):]:
-        if f.required:
-            raise _Bad(f"missing field {f.name!r} ({len(values)} of {len(schema)} fields)")
-    return cls(**kwargs)
-
-
-def _check_sampling(value: Any) -> SamplingParams:
-    if type(value) is not dict:
-        raise _expected("map", value)
-    known = {}
-    for key, raw in value.items():
-        check = _SAMPLING_CHECKS.get(key)
-        if check is not None:  # unknown keys come from newer peers: ignored
-            try:
-                known[key] = check(raw)
-            except _Bad as e:
-                raise e.at("." + key) from None
-    try:
-        return SamplingParams(**known)
-    except SamplingError as e:
-        raise _Bad(str(e), "." + e.param) from None
+__all__ = [
+    "PROTOCOL_VERSION", "ErrorKind", "FinishReason", "Message", "ProtocolError", "decode", "encode",
+    "Hello", "Ready", "AddRequest", "Abort", "StepOutputs", "TokenDelta", "Finished", "Usage",
+    "Error", "GetStats", "Stats", "Bye",
+]
 
 
 def encode(msg: Message) -> bytes:
     """One frame: msgpack array [tag, *fields]."""
-    cls = type(msg)
-    return msgpack.packb([cls.TAG, *_encode_fields(cls, msg)], use_bin_type=True)  # type: ignore[no-any-return]
+    return _CODEC.encode(msg)
 
 
 def decode(frame: bytes) -> Message:
     """Parse one frame; raises ProtocolError (only) when it is not a valid message."""
-    try:
-        obj = msgpack.unpackb(frame, raw=False, strict_map_key=True, use_list=True)
-    except Exception as e:  # msgpack raises a zoo of types on garbage; all mean the same here
-        raise ProtocolError(f"not a msgpack frame ({type(e).__name__}: {e})") from None
-    if type(obj) is not list or not obj:
-        raise ProtocolError(f"expected a non-empty array [tag, ...], got {type(obj).__name__}")
-    tag = obj[0]
-    cls = _BY_TAG.get(tag) if type(tag) is int else None
-    if cls is None:
-        raise ProtocolError(f"unknown message tag {tag!r}")
-    try:
-        return _decode_fields(cls, obj[1:])  # type: ignore[no-any-return]
-    except _Bad as e:
-        # Tell the receiver which request a broken AddRequest was, so it can answer that request.
-        rid = obj[1] if cls is AddRequest and len(obj) > 1 and type(obj[1]) is str else None
-        raise ProtocolError(f"{cls.__name__}{e.path}: {e.message}", request_id=rid) from None
-    except (TypeError, ValueError) as e:  # a nested constructor refused a value
-        raise ProtocolError(f"{cls.__name__}: {e}") from None
-
-
-for _cls in _TOP_LEVEL + _NESTED:
-    _SCHEMA[_cls] = _fields_of(_cls)
-_SAMPLING_CHECKS.update({f.name: f.check for f in _fields_of(SamplingParams)})
+    return _CODEC.decode(frame)  # type: ignore[no-any-return]

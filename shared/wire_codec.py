@@ -1,0 +1,226 @@
+"""A msgpack codec for frozen dataclasses: each message is the array [tag, *fields].
+
+Each field's annotation (int, float, str, bool, Literal, X | None, list/tuple of
+those, nested dataclasses, SamplingParams) is compiled once into a checker and
+an encoder. Checkers take only the value: the path of a bad value
+("AddRequest.sampling.top_k") is assembled while a `_Bad` propagates, so valid
+frames never pay for building paths. Decoding ignores extra trailing fields,
+fills missing trailing fields that have defaults, and raises nothing but
+`ProtocolError`. The message types themselves live in shared/protocol.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal, Union
+
+import msgpack
+
+from shared.sampling import SamplingError, SamplingParams
+
+
+class ProtocolError(ValueError):
+    """A frame that is not a valid message; `request_id` is set when the frame named one."""
+
+    def __init__(self, message: str, request_id: str | None = None) -> None:
+        super().__init__(message)
+        self.request_id = request_id
+
+
+Check = Callable[[Any], Any]
+"""Validates one decoded value and returns it (converted where needed); raises _Bad."""
+Encode = Callable[[Any], Any] | None
+"""Turns a field value into msgpack-able data; None: the value goes as it is."""
+
+
+class _Bad(Exception):
+    def __init__(self, message: str, path: str = "") -> None:
+        self.message, self.path = message, path
+
+    def at(self, segment: str) -> _Bad:
+        self.path = segment + self.path
+        return self
+
+
+def _expected(what: str, value: Any) -> _Bad:
+    return _Bad(f"expected {what}, got {type(value).__name__}")
+
+
+def _check_int(value: Any) -> int:
+    if type(value) is not int:
+        raise _expected("int", value)
+    return value
+
+
+def _check_float(value: Any) -> float:
+    if type(value) is float:
+        return value
+    if type(value) is not int:
+        raise _expected("float", value)
+    return float(value)
+
+
+def _check_str(value: Any) -> str:
+    if type(value) is not str:
+        raise _expected("str", value)
+    return value
+
+
+def _check_bool(value: Any) -> bool:
+    if type(value) is not bool:
+        raise _expected("bool", value)
+    return value
+
+
+_SCALARS: dict[Any, Check] = {int: _check_int, float: _check_float, str: _check_str, bool: _check_bool}
+
+
+def _list_checker(item: Check, item_type: Any, conv: type) -> Check:
+    def check(value: Any) -> Any:
+        if type(value) is not list:
+            raise _expected("array", value)
+        if item_type in (int, str) and (not value or set(map(type, value)) == {item_type}):
+            return value if conv is list else conv(value)  # the common case, checked at C speed
+        out = []
+        for x in value:
+            try:
+                out.append(item(x))
+            except _Bad as e:
+                raise e.at("[]") from None
+        return conv(out)
+
+    return check
+
+
+def _compile(tp: Any) -> tuple[Check, Encode]:
+    """Build the checker and encoder for one annotated type."""
+    if tp in _SCALARS:
+        return _SCALARS[tp], None
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is Literal:
+        allowed = tuple(str(a) for a in args)
+
+        def check_literal(v: Any) -> Any:
+            if type(v) is not str or v not in allowed:
+                raise _expected(" | ".join(allowed), v)
+            return v
+
+        return check_literal, None
+    if origin in (Union, types.UnionType):
+        inner, enc = _compile(next(a for a in args if a is not type(None)))
+        return (lambda v: None if v is None else inner(v)), (None if enc is None else
+                                                              lambda v: None if v is None else enc(v))
+    if origin in (list, tuple):
+        item, item_enc = _compile(args[0])
+        list_enc: Encode = None if item_enc is None else (lambda v: [item_enc(x) for x in v])
+        return _list_checker(item, args[0], tuple if origin is tuple else list), list_enc
+    if tp is SamplingParams:
+        return _check_sampling, SamplingParams.to_dict
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):  # a nested record: an array of its fields, like a message
+        fields = _fields_of(tp)
+        return (lambda v: _decode_fields(tp, fields, v)), (lambda v: _encode_fields(fields, v))
+    raise TypeError(f"wire codec: no codec for {tp!r}")  # a programming error, caught at import
+
+
+_SAMPLING_CHECKS: dict[str, Check] = {}
+
+
+@dataclass(frozen=True)
+class _Field:
+    name: str
+    check: Check
+    encode: Encode
+    required: bool
+
+
+def _fields_of(cls: type) -> list[_Field]:
+    hints = typing.get_type_hints(cls)
+    return [
+        _Field(f.name, *_compile(hints[f.name]),
+               required=f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+        for f in dataclasses.fields(cls)
+    ]
+
+
+def _encode_fields(schema: list[_Field], msg: Any) -> list[Any]:
+    return [getattr(msg, f.name) if f.encode is None else f.encode(getattr(msg, f.name)) for f in schema]
+
+
+def _decode_fields(cls: type, schema: list[_Field], values: Any) -> Any:
+    if type(values) is not list:
+        raise _expected(f"{cls.__name__} array", values)
+    kwargs: dict[str, Any] = {}
+    for f, value in zip(schema, values, strict=False):  # extra trailing values: a newer peer's fields
+        try:
+            kwargs[f.name] = f.check(value)
+        except _Bad as e:
+            raise e.at("." + f.name) from None
+    for f in schema[len(values):]:
+        if f.required:
+            raise _Bad(f"missing field {f.name!r} ({len(values)} of {len(schema)} fields)")
+    return cls(**kwargs)
+
+
+def _check_sampling(value: Any) -> SamplingParams:
+    if type(value) is not dict:
+        raise _expected("map", value)
+    known = {}
+    for key, raw in value.items():
+        check = _SAMPLING_CHECKS.get(key)
+        if check is not None:  # unknown keys come from newer peers: ignored
+            try:
+                known[key] = check(raw)
+            except _Bad as e:
+                raise e.at("." + key) from None
+    try:
+        return SamplingParams(**known)
+    except SamplingError as e:
+        raise _Bad(str(e), "." + e.param) from None
+
+
+class Codec:
+    """Encodes and decodes a fixed set of tagged message classes (each has a `TAG: ClassVar[int]`)."""
+
+    def __init__(self, messages: tuple[type, ...]) -> None:
+        self._by_tag: dict[int, tuple[type, list[_Field]]] = {}
+        self._schema: dict[type, list[_Field]] = {}
+        for cls in messages:
+            tag = cls.TAG  # type: ignore[attr-defined]
+            assert tag not in self._by_tag, f"tag {tag} used twice"
+            self._schema[cls] = _fields_of(cls)
+            self._by_tag[tag] = (cls, self._schema[cls])
+
+    def encode(self, msg: Any) -> bytes:
+        """One frame: msgpack array [tag, *fields]."""
+        cls = type(msg)
+        return msgpack.packb([cls.TAG, *_encode_fields(self._schema[cls], msg)],  # type: ignore[no-any-return]
+                             use_bin_type=True)
+
+    def decode(self, frame: bytes) -> Any:
+        """Parse one frame; raises ProtocolError (only) when it is not a valid message."""
+        try:
+            obj = msgpack.unpackb(frame, raw=False, strict_map_key=True, use_list=True)
+        except Exception as e:  # msgpack raises a zoo of types on garbage; all mean the same here
+            raise ProtocolError(f"not a msgpack frame ({type(e).__name__}: {e})") from None
+        if type(obj) is not list or not obj:
+            raise ProtocolError(f"expected a non-empty array [tag, ...], got {type(obj).__name__}")
+        tag = obj[0]
+        found = self._by_tag.get(tag) if type(tag) is int else None
+        if found is None:
+            raise ProtocolError(f"unknown message tag {tag!r}")
+        cls, schema = found
+        try:
+            return _decode_fields(cls, schema, obj[1:])
+        except _Bad as e:
+            # Name the request of a broken message that starts with a request id, so it can be answered.
+            rid = obj[1] if schema[0].name == "request_id" and len(obj) > 1 and type(obj[1]) is str else None
+            raise ProtocolError(f"{cls.__name__}{e.path}: {e.message}", request_id=rid) from None
+        except (TypeError, ValueError) as e:  # a nested constructor refused a value
+            raise ProtocolError(f"{cls.__name__}: {e}") from None
+
+
+_SAMPLING_CHECKS.update({f.name: f.check for f in _fields_of(SamplingParams)})
