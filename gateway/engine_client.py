@@ -316,11 +316,11 @@ class EngineClient:
         elif isinstance(msg, Error):
             self._on_error(msg)
         elif isinstance(msg, Stats):
-            while self._stats_waiters:
+            # Exactly one answer per GetStats, in order: the oldest waiter's, even if it gave up waiting.
+            if self._stats_waiters:
                 waiter = self._stats_waiters.popleft()
                 if not waiter.done():
                     waiter.set_result(msg)
-                    break
         else:
             log.warning("unexpected %s from the engine ignored", type(msg).__name__)
 

@@ -27,6 +27,7 @@ from shared.protocol import (
     Finished,
     Hello,
     Ready,
+    Stats,
     StepOutputs,
     TokenDelta,
     Usage,
@@ -338,3 +339,28 @@ def test_a_failing_reader_fails_the_streams_instead_of_leaving_them_waiting(engi
 
     message, healthy = asyncio.run(main())
     assert message == "engine client failed: KeyError: 'a bug in routing'" and not healthy
+
+
+def test_a_timed_out_stats_call_does_not_shift_later_answers() -> None:
+    scripted = ScriptedEngine()
+
+    def stats(steps: int) -> Stats:
+        return Stats(0, 0, 0, 8, 8, 0, steps, 0, 0, 0, 0.0, 1)
+
+    async def main() -> int:
+        client = await connected(scripted.address)
+        assert scripted.handshaken.wait(5.0)
+        with pytest.raises(TimeoutError):
+            await client.stats(timeout=0.2)  # the engine is slow to answer this one
+        second = asyncio.create_task(client.stats(timeout=5.0))
+        await asyncio.sleep(0.2)
+        scripted.send_raw(encode(stats(1)))  # the late answer to the first call: dropped
+        scripted.send_raw(encode(stats(2)))  # the answer to the second
+        result = await second
+        await client.close()
+        return result.num_steps
+
+    try:
+        assert asyncio.run(main()) == 2
+    finally:
+        scripted.close()
