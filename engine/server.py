@@ -42,6 +42,7 @@ from engine.request import Request
 from engine.step_stats import CoreCounts, StepStats
 from shared.protocol import (
     PROTOCOL_VERSION,
+    SHUTTING_DOWN,
     Abort,
     AddRequest,
     Bye,
@@ -243,6 +244,10 @@ class EngineServer:
                                   i.eos_token_id, i.num_blocks))
 
     def _on_add(self, gateway: bytes, add: AddRequest) -> None:
+        if self._stop_deadline is not None:
+            self._send(gateway, Error(add.request_id, "request", "the engine is shutting down and admits no new "
+                                      "requests", code=SHUTTING_DOWN))
+            return
         problem = self._check_add(add)
         if problem is not None:
             self._send(gateway, Error(add.request_id, "request", problem))
@@ -260,8 +265,6 @@ class EngineServer:
         self._inflight.add(add, gateway)
 
     def _check_add(self, add: AddRequest) -> str | None:
-        if self._stop_deadline is not None:
-            return "the engine is shutting down and admits no new requests"
         if add.request_id in self._inflight:
             return f"request id {add.request_id!r} is already in flight"
         n, limit = len(add.prompt_token_ids), self.info.max_model_len

@@ -16,7 +16,8 @@ Usage (the whole interface the rest of the gateway relies on):
                                     # the iteration ends after all `sampling.n` Finished items
     # Errors raised from the iterator:
     #   RequestFailedError  the engine refused or failed this request (bad input); others go on
-    #   EngineDeadError     the engine is gone: every open stream gets it, and submit() too
+    #   EngineDeadError     the engine is gone: every open stream gets it, and submit() too;
+    #                       also a request refused because the engine is shutting down
 
     await client.abort(request_id)  # safe at any time; the stream then ends with Finished("abort")
     stats = await client.stats()    # shared.protocol.Stats (running, waiting, free blocks, ...)
@@ -49,6 +50,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from shared.protocol import (
     PROTOCOL_VERSION,
+    SHUTTING_DOWN,
     Abort,
     AddRequest,
     Bye,
@@ -333,6 +335,8 @@ class EngineClient:
         if err.kind == "engine":
             log.error("engine reported a fatal error: %s", err.message)
             self._fail_all(EngineDeadError(f"engine error: {err.message}"))
+        elif err.request_id is not None and err.code == SHUTTING_DOWN:
+            self._route(err.request_id, EngineDeadError(err.message))  # not this request's fault: a 503
         elif err.request_id is not None:
             self._route(err.request_id, RequestFailedError(err.message))
         else:

@@ -40,6 +40,8 @@ PROTOCOL_VERSION = 1
 """Bumped only for changes that appending fields cannot express."""
 
 ErrorKind = Literal["request", "engine"]
+SHUTTING_DOWN = "shutting_down"
+"""Error.code of a request refused because the engine is stopping."""
 FinishReason = Literal["stop", "length", "abort"]
 
 
@@ -152,6 +154,8 @@ class Error:
     request_id: str | None
     kind: ErrorKind
     message: str
+    code: str = ""
+    """Machine-readable detail; "shutting_down": refused because the engine is stopping (retry elsewhere)."""
 
 
 @dataclass(frozen=True)
@@ -196,7 +200,7 @@ _TOP_LEVEL: tuple[type, ...] = (Hello, Ready, AddRequest, Abort, StepOutputs, Er
 _CODEC = Codec(_TOP_LEVEL)
 
 __all__ = [
-    "PROTOCOL_VERSION", "ErrorKind", "FinishReason", "Message", "ProtocolError", "decode", "encode",
+    "PROTOCOL_VERSION", "SHUTTING_DOWN", "ErrorKind", "FinishReason", "Message", "ProtocolError", "decode", "encode",
     "Hello", "Ready", "AddRequest", "Abort", "StepOutputs", "TokenDelta", "Finished", "Usage",
     "Error", "GetStats", "Stats", "Bye",
 ]

@@ -15,6 +15,7 @@ import zmq
 
 from shared.protocol import (
     PROTOCOL_VERSION,
+    SHUTTING_DOWN,
     Abort,
     AddRequest,
     Bye,
@@ -266,6 +267,7 @@ def test_stop_with_requests_in_flight_aborts_them_and_tells_every_gateway(ctx: z
     gw2.send(add("late"))
     late = gw2.recv()
     assert isinstance(late, Error) and late.request_id == "late" and "shutting down" in late.message
+    assert late.code == SHUTTING_DOWN
     running.thread.join(5.0)
     assert running.exit_code == [0] and time.monotonic() - t0 < 2.0
     assert running.core.aborted == ["slow"]

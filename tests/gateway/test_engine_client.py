@@ -161,6 +161,9 @@ def test_engine_shutdown_fails_open_streams_and_later_submits(engine: Running) -
         stream = await client.submit(add("inflight", max_tokens=9000))
         await stream.__anext__()
         engine.server.request_stop()  # grace 0.2 s, then the engine aborts and tells every gateway
+        refused = await client.submit(add("during-grace"))
+        with pytest.raises(EngineDeadError, match="shutting down"):  # a 503 for the gateway, not a 500
+            await refused.__anext__()
         with pytest.raises(EngineDeadError) as e:
             async for _ in stream:
                 pass

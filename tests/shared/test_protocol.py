@@ -59,7 +59,7 @@ GOLDEN_HEX = {
     ),
     "Abort": "920492a161a162",
     "StepOutputs": "94059196a57265712d3100922ace000111700302009194a57265712d3100a66c656e6774689303020009",
-    "Error": "9406a57265712d31a772657175657374af70726f6d707420746f6f206c6f6e67",
+    "Error": "9506a57265712d31a772657175657374af70726f6d707420746f6f206c6f6e67a0",
     "GetStats": "9107",
     "Stats": "9f080102035a640405060708cb400400000000000001cb0000000000000000cb0000000000000000",
     "Bye": "9209a7636c6f73696e67",
@@ -67,6 +67,7 @@ GOLDEN_HEX = {
 
 # Frames of earlier versions of a message (before fields were appended): they must still decode.
 OLDER_PEER_HEX = {
+    "Error": "9406a57265712d31a772657175657374af70726f6d707420746f6f206c6f6e67",  # before code
     "Stats": "9d080102035a640405060708cb400400000000000001",  # before step_seconds, loop_seconds
 }
 
