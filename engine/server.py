@@ -73,6 +73,10 @@ class CoreLike(Protocol):
     def counts(self) -> CoreCounts: ...
 
 
+MAX_MESSAGE_BYTES = 64 << 20
+"""Largest frame a gateway may send (a 100k-token prompt is under 1 MiB)."""
+
+
 @dataclass(frozen=True)
 class EngineInfo:
     """Facts about the loaded model that gateways need (sent in Ready) and requests are checked against."""
@@ -103,6 +107,7 @@ class EngineServer:
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a send to a gone gateway raises, not vanishes
         self._sock.setsockopt(zmq.SNDHWM, 0)  # never drop outputs for a slow gateway
         self._sock.setsockopt(zmq.RCVHWM, 0)
+        self._sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)  # a bigger frame drops its sender
         # ZMTP heartbeats (answered by libzmq's I/O thread even mid-step) drop a silently dead
         # gateway's connection, so the next send to it fails and its requests are aborted.
         self._sock.setsockopt(zmq.HEARTBEAT_IVL, 1000)
@@ -304,9 +309,12 @@ class EngineServer:
         try:
             self._sock.send_multipart([gateway, encode(msg)], zmq.NOBLOCK)
         except zmq.ZMQError as e:
-            if e.errno != zmq.EHOSTUNREACH:
+            if e.errno == zmq.EHOSTUNREACH:
+                self._forget_gateway(gateway, "went away")
+            elif e.errno == zmq.EAGAIN:  # its queue is full: dropping outputs would corrupt its streams
+                self._forget_gateway(gateway, "cannot keep up (send queue full)")
+            else:
                 raise
-            self._forget_gateway(gateway, "went away")
 
     def _forget_gateway(self, gateway: bytes, why: str) -> None:
         """The gateway left: nobody will read its requests' outputs, so stop them."""

@@ -371,3 +371,13 @@ def test_a_second_stop_request_skips_the_rest_of_the_grace_period(ctx: zmq.Conte
     running.server.request_stop()  # Ctrl-C twice
     running.thread.join(5.0)
     assert running.exit_code == [0] and running.core.aborted == ["slow"]
+
+
+def test_an_oversized_frame_drops_only_its_sender(engine: Running, ctx: zmq.Context) -> None:
+    from engine.server import MAX_MESSAGE_BYTES
+
+    bully, bystander = Gateway(ctx, engine.server.address), Gateway(ctx, engine.server.address)
+    bully.sock.send(b"\x00" * (MAX_MESSAGE_BYTES + 1))
+    bystander.send(add("unharmed", max_tokens=3))
+    assert bystander.recv_until_finished({"unharmed"})
+    assert not bully.sock.poll(200)  # nothing was decoded from it, nothing answered
