@@ -277,8 +277,8 @@ class EngineServer:
             return "the prompt is empty"
         if n >= limit:
             return f"the prompt has {n} tokens; the model's context is {limit} tokens (prompt + output)"
-        if add.weight <= 0:
-            return f"weight must be positive, got {add.weight}"
+        if not (add.weight > 0 and math.isfinite(add.weight)):
+            return f"weight must be a positive finite number, got {add.weight}"
         vocab = self.info.vocab_size
         if min(add.prompt_token_ids) < 0 or max(add.prompt_token_ids) >= vocab:
             return f"prompt token ids must be in [0, {vocab})"

@@ -267,6 +267,43 @@ def test_garbage_is_answered_and_the_engine_keeps_serving(gateways: list[Gateway
     assert gw.collect({"after"})[-1].finished[0].reason == "length"
 
 
+EDGE_CASES = [
+    AddRequest("top-k-beyond-vocab", [1, 2], SamplingParams(top_k=10**9, max_tokens=2)),
+    AddRequest("seed-max", [1, 2], SamplingParams(seed=2**64 - 1, max_tokens=2)),
+    AddRequest("seed-min", [1, 2], SamplingParams(seed=-(2**63), max_tokens=2)),
+    # The context (512) caps it: at most 7 tokens after a 505-token prompt.
+    AddRequest("max-tokens-huge", [5] * 505, SamplingParams(max_tokens=2**62, min_tokens=3, temperature=0.0)),
+    AddRequest("stop-ids-out-of-vocab", [1, 2], SamplingParams(stop_token_ids=(10**9, -1), max_tokens=2)),
+    AddRequest("n-16", [1, 2], SamplingParams(n=16, max_tokens=2, top_p=0.01)),
+    AddRequest("priorities", [1, 2], SamplingParams(max_tokens=2), priority=-(2**62), weight=1e-300),
+    AddRequest("unicode", [1, 2], SamplingParams(max_tokens=2), tenant_id="tënant-ø" * 50, cache_salt="🧂" * 100),
+    AddRequest("fills-the-context", [5] * 511, SamplingParams(max_tokens=50, ignore_eos=True)),
+    AddRequest("weight-inf", [1, 2], SamplingParams(max_tokens=2), weight=float("inf")),
+]
+
+
+def test_edge_case_requests_end_cleanly_and_the_engine_survives(gateways: list[Gateway]) -> None:
+    gw = gateways[0]
+    for request in EDGE_CASES:
+        gw.send(request)
+    outcome: dict[str, str] = {}
+    while len(outcome) < len(EDGE_CASES):
+        msg = gw.recv(timeout_s=120)
+        if isinstance(msg, Error):
+            assert msg.kind == "request" and msg.request_id is not None, msg
+            outcome[msg.request_id] = "error"
+        elif isinstance(msg, StepOutputs):
+            for fin in msg.finished:
+                outcome[fin.request_id] = "finished"
+    assert outcome["weight-inf"] == "error"
+    assert outcome["top-k-beyond-vocab"] == outcome["n-16"] == outcome["fills-the-context"] == "finished"
+    assert outcome["max-tokens-huge"] == "finished"
+    gw.send(greedy("still-serving", [1, 2], max_tokens=2))
+    assert gw.collect({"still-serving"})[-1].finished[0].reason == "length"
+    stats = gw.stats()
+    assert stats.num_running == 0 and stats.num_free_blocks == NUM_BLOCKS
+
+
 def test_sigterm_tells_in_flight_requests_and_exits_0(engine: EngineProcess) -> None:
     """Runs last (file order): it stops the module's engine, which a second model load would cost."""
 

@@ -199,6 +199,9 @@ def test_n_samples_finish_separately(engine: Running, ctx: zmq.Context) -> None:
         (add("vocab", prompt=[1, 1000]), r"prompt token ids must be in [0, 1000)"),
         (add("neg", prompt=[-1]), r"prompt token ids must be in [0, 1000)"),
         (add("huge", max_tokens=20_000), "max_tokens too large for the fake core"),  # the core's ValueError
+        (AddRequest("nan-weight", [1], SamplingParams(), weight=float("nan")), "weight must be a positive finite"),
+        (AddRequest("inf-weight", [1], SamplingParams(), weight=float("inf")), "weight must be a positive finite"),
+        (AddRequest("zero-weight", [1], SamplingParams(), weight=0.0), "weight must be a positive finite"),
     ],
 )
 def test_bad_requests_get_a_request_error_and_the_engine_goes_on(
