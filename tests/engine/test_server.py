@@ -304,6 +304,33 @@ def test_edge_case_requests_end_cleanly_and_the_engine_survives(gateways: list[G
     assert stats.num_running == 0 and stats.num_free_blocks == NUM_BLOCKS
 
 
+def test_a_killed_engine_fails_open_streams_at_once(tmp_path: Path) -> None:
+    """SIGKILL: no goodbye from the engine; the client's connection monitor notices the closed socket."""
+    proc = EngineProcess(f"ipc://{tmp_path}/engine.sock", tmp_path / "engine.log")
+
+    async def main() -> tuple[str, float, bool]:
+        client = EngineClient(proc.address)
+        await client.start()
+        stream = await client.submit(greedy("doomed", [1, 2, 3], max_tokens=500))
+        await stream.__anext__()
+        proc.proc.kill()
+        t0 = time.monotonic()
+        with pytest.raises(EngineDeadError) as e:
+            async for _ in stream:
+                pass
+        waited = time.monotonic() - t0
+        healthy = client.healthy
+        await client.close()
+        return str(e.value), waited, healthy
+
+    try:
+        message, waited, healthy = asyncio.run(main())
+    finally:
+        proc.stop()
+    assert "lost the connection to the engine" in message and not healthy
+    assert waited < 2.0
+
+
 def test_sigterm_tells_in_flight_requests_and_exits_0(engine: EngineProcess) -> None:
     """Runs last (file order): it stops the module's engine, which a second model load would cost."""
 
