@@ -115,7 +115,7 @@ def _convert_gguf(gguf: Path, target: Path, name: str) -> None:
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
         # The dequantized weights are plain float32 now; drop the GGUF marker so the folder saves and
         # reloads as an ordinary model.
-        model.hf_quantizer = None
+        setattr(model, "hf_quantizer", None)  # noqa: B010  (typed as a module attribute by transformers)
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
         model.config._name_or_path = name

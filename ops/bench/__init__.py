@@ -9,6 +9,7 @@ BENCHMARKS = {
     "offline": "ops.bench.offline",
     "priority": "ops.bench.priority",
     "admission": "ops.bench.admission",
+    "streaming": "ops.bench.streaming",
 }
 
 
