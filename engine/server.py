@@ -358,6 +358,11 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _exit_during_startup(signum: int, frame: object) -> None:
+    log.info("stopped by signal %d while starting", signum)
+    raise SystemExit(0)
+
+
 def _probe_listen(address: str) -> None:
     """Raise ValueError if the address cannot be bound (taken, malformed)."""
     ctx = zmq.Context()
@@ -374,8 +379,11 @@ def _probe_listen(address: str) -> None:
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for sig in (signal.SIGTERM, signal.SIGINT):  # nothing admitted yet, nobody to tell: just leave
+        signal.signal(sig, _exit_during_startup)
     try:
         _probe_listen(args.listen)  # fail at once, not after torch and the model loaded
+        log.info("loading model %s (%s)", args.model, args.dtype)
         from engine.core_factory import build_core  # torch and the model load only here
 
         core, info = build_core(args)

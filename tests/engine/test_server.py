@@ -331,6 +331,19 @@ def test_a_killed_engine_fails_open_streams_at_once(tmp_path: Path) -> None:
     assert waited < 2.0
 
 
+def test_sigterm_while_the_model_loads_exits_0_at_once(tmp_path: Path) -> None:
+    log_path = tmp_path / "engine.log"
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(engine_command(f"tcp://127.0.0.1:{free_port()}"), stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 30
+    while "loading model" not in log_path.read_text():
+        assert time.monotonic() < deadline and proc.poll() is None, log_path.read_text()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(10) == 0
+    assert "stopped by signal 15 while starting" in log_path.read_text()
+
+
 def test_sigterm_tells_in_flight_requests_and_exits_0(engine: EngineProcess) -> None:
     """Runs last (file order): it stops the module's engine, which a second model load would cost."""
 
