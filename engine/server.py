@@ -10,11 +10,14 @@ the identity that sent it, so outputs go back only there. Messages are drained
 before each step, so an Abort always takes effect before the next step. A
 malformed or unexpected message is logged and answered with an Error; the loop
 goes on. An exception from the core is fatal: every gateway is told (Error kind
-"engine") and the process exits 1. SIGTERM/SIGINT stop admissions, give
-in-flight requests `shutdown_grace_s` to finish, abort the rest, tell every
-gateway, and exit 0.
+"engine") and the process exits 1. SIGTERM/SIGINT stop admissions (new
+requests get an Error with code SHUTTING_DOWN), give in-flight requests
+`shutdown_grace_s` to finish, abort the rest, tell every gateway, and exit 0.
+A gateway that says Bye, or whose connection is gone (the next send to it
+fails), is forgotten and its requests are aborted.
 
-This module owns the request routing and the process lifecycle; it knows neither
+This module owns the socket, the loop and the process lifecycle (the in-flight
+table in engine/inflight.py does the per-request bookkeeping); it knows neither
 tokenizers nor HTTP, and nothing about how the core schedules or computes.
 """
 

@@ -20,7 +20,8 @@ Usage (the whole interface the rest of the gateway relies on):
     #                       also a request refused because the engine is shutting down
 
     await client.abort(request_id)  # safe at any time; the stream then ends with Finished("abort")
-    stats = await client.stats()    # shared.protocol.Stats (running, waiting, free blocks, ...)
+    stats = await client.stats()    # shared.protocol.Stats (running, waiting, free blocks, ...);
+                                    # TimeoutError after `timeout` (5 s) without an answer
     await client.close()            # says Bye (the engine aborts this gateway's requests);
                                     # open streams get EngineDeadError("engine client closed")
 
