@@ -33,6 +33,8 @@ class _Entry:
     tenant_id: str
     added_at: float
     """time.monotonic() when the engine accepted it (the finish line's latency)."""
+    first_token_at: float | None = None
+    """time.monotonic() of the first generated token (time to first token, in the finish line)."""
     num_output: dict[int, int] = field(default_factory=dict)
     num_cached: int = 0
 
@@ -75,6 +77,8 @@ class InFlightTable:
             entry.num_output[d.index] = d.num_output_tokens
             entry.num_cached = d.num_cached_tokens
             if d.new_token_ids:
+                if entry.first_token_at is None:
+                    entry.first_token_at = time.monotonic()
                 token_deltas.append(TokenDelta(d.request_id, d.index, list(d.new_token_ids), d.num_prompt_tokens,
                                                d.num_output_tokens, d.num_cached_tokens))
             if d.finish_reason is not None:
@@ -98,7 +102,9 @@ class InFlightTable:
         if not entry.unfinished:
             del self._entries[request_id]
             self.num_finished += 1
-            log.info("request %s (tenant %s) finished (%s) in %.2f s: prompt %d, output %d, cached %d tokens",
-                     request_id, entry.tenant_id or "-", reason, time.monotonic() - entry.added_at,
-                     entry.num_prompt_tokens, sum(entry.num_output.values()), entry.num_cached)
+            ttft = "-" if entry.first_token_at is None else f"{entry.first_token_at - entry.added_at:.2f} s"
+            log.info("request %s (tenant %s) finished (%s) in %.2f s, first token %s: prompt %d, output %d, "
+                     "cached %d tokens", request_id, entry.tenant_id or "-", reason,
+                     time.monotonic() - entry.added_at, ttft, entry.num_prompt_tokens,
+                     sum(entry.num_output.values()), entry.num_cached)
         return fin

@@ -6,6 +6,7 @@ The same behaviour with the real EngineCore in a real process: test_server.py.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -384,3 +385,17 @@ def test_an_oversized_frame_drops_only_its_sender(engine: Running, ctx: zmq.Cont
     bystander.send(add("unharmed", max_tokens=3))
     assert bystander.recv_until_finished({"unharmed"})
     assert not bully.sock.poll(200)  # nothing was decoded from it, nothing answered
+
+
+def test_one_log_line_per_finished_request_with_counts_and_no_prompt(
+    engine: Running, ctx: zmq.Context, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("INFO", logger="pageserve.engine")
+    gw = Gateway(ctx, engine.server.address)
+    gw.send(AddRequest("logged", [911, 912, 913], SamplingParams(max_tokens=3), tenant_id="acme"))
+    gw.recv_until_finished({"logged"})
+    lines = [r.getMessage() for r in caplog.records if "request logged" in r.getMessage()]
+    assert len(lines) == 1
+    assert re.fullmatch(r"request logged \(tenant acme\) finished \(length\) in [0-9.]+ s, first token [0-9.]+ s: "
+                        r"prompt 3, output 3, cached 0 tokens", lines[0])
+    assert not any("911" in r.getMessage() for r in caplog.records)
