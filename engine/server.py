@@ -187,7 +187,7 @@ class EngineServer:
             self.stats.num_aborted += len(aborted)
             log.info("shutdown: aborted %d in-flight requests after the grace period", len(aborted))
         self._broadcast_engine_error(
-            f"engine shutting down (SIGTERM); {len(aborted)} in-flight request(s) aborted"
+            f"engine shutting down (stop requested); {len(aborted)} in-flight request(s) aborted"
         )
 
     def _close(self) -> None:
@@ -231,7 +231,8 @@ class EngineServer:
         elif isinstance(msg, Abort):
             self._on_abort(gateway, msg.request_ids)
         elif isinstance(msg, GetStats):
-            self._send(gateway, self.stats.snapshot(self.core.counts(), len(self._gateways), self._inflight.num_finished))
+            counts = self.core.counts()
+            self._send(gateway, self.stats.snapshot(counts, len(self._gateways), self._inflight.num_finished))
         elif isinstance(msg, Bye):
             self._forget_gateway(gateway, f"said goodbye ({msg.reason or 'no reason'})")
         else:
