@@ -48,6 +48,11 @@ __all__ = ["RequestRejected", "Scheduler", "SchedulerConfig", "SchedulerStats"]
 
 
 class Scheduler:
+    """Continuous batching over `num_device_blocks` KV blocks of `block_size` tokens, with a
+    CPU pool of `num_cpu_blocks` for swapped requests. `clock` (seconds, monotonic) times
+    aging; tests pass a fake one. Request ids in chunks are internal sample ids; deltas
+    carry the client's id and the sample index."""
+
     def __init__(
         self,
         config: SchedulerConfig,
