@@ -170,6 +170,7 @@ def main(argv: list[str]) -> int:
           f"greedy, EOS ignored; model {core.model_info.name} {args.dtype}, {torch.get_num_threads()} threads")
     run_engine(core, make_workload(2, (8, 8), (4, 4), core.model_info.vocab_size, seed=1))  # warm-up
     eng = run_engine(core, w)
+    print(f"  engine: {eng.seconds:.1f}s, {eng.tok_s:.1f} output tok/s, {eng.steps} steps", flush=True)
     results: dict[str, Any] = {"workload": {"requests": len(w.prompts), "prompt_tokens": w.prompt_tokens,
                                             "output_tokens": w.output_tokens, "seed": args.seed},
                                "dtype": args.dtype, "threads": torch.get_num_threads(),
