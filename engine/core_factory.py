@@ -31,6 +31,10 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         enable_prefix_caching=not args.no_prefix_caching,
+        policy=args.policy,
+        preemption_mode=args.preemption_mode,
+        preemption_priority_gap=args.preemption_priority_gap,
+        aging_rate=args.aging_rate,
     )  # max_model_len: EngineCore derives the scheduler's from the model's and --max-model-len
     return EngineConfig(model=model, cache=cache, scheduler=scheduler, attention_backend=args.attention_backend)
 

@@ -354,6 +354,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-num-seqs", type=int, default=64, help="most requests running at once")
     p.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget per step")
     p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--policy", default="priority", choices=["priority", "fcfs"],
+                   help="admission order: (aged) priority then fair share, or arrival only")
+    p.add_argument("--preemption-mode", default="auto", choices=["auto", "swap", "recompute"])
+    p.add_argument("--preemption-priority-gap", type=int, default=1,
+                   help="levels more urgent a waiting request must be to preempt a running one")
+    p.add_argument("--aging-rate", type=float, default=0.1, help="priority levels gained per second waited")
     p.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")

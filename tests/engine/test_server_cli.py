@@ -41,3 +41,19 @@ def test_defaults_are_the_components_defaults() -> None:
 def test_out_of_range_flags_are_a_clear_value_error(argv: list[str], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         engine_config(build_parser().parse_args(argv))
+
+
+def test_scheduling_policy_flags_reach_the_scheduler_config() -> None:
+    args = build_parser().parse_args([
+        "--policy", "fcfs", "--preemption-mode", "swap", "--preemption-priority-gap", "3", "--aging-rate", "0.5",
+    ])
+    s = engine_config(args).scheduler
+    assert (s.policy, s.preemption_mode, s.preemption_priority_gap, s.aging_rate) == ("fcfs", "swap", 3, 0.5)
+
+
+def test_defaults_match_the_scheduler_config_defaults() -> None:
+    from engine.scheduler_config import SchedulerConfig
+
+    s, d = engine_config(build_parser().parse_args([])).scheduler, SchedulerConfig()
+    assert (s.policy, s.preemption_mode, s.preemption_priority_gap, s.aging_rate) == (
+        d.policy, d.preemption_mode, d.preemption_priority_gap, d.aging_rate)
