@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from engine.layers.linear import linear, pack
 from engine.layers.rotary import apply_rotary
 from kernels import cpu_attention
 from kernels.cpu_attention import AttentionPlan
@@ -92,6 +92,12 @@ class Attention(nn.Module):
         self.qkv_weight = nn.Parameter(torch.empty(qkv_rows, hidden_size, dtype=dtype), requires_grad=False)
         self.qkv_bias = nn.Parameter(torch.zeros(qkv_rows, dtype=dtype), requires_grad=False) if bias else None
         self.o_weight = nn.Parameter(torch.empty(hidden_size, self.q_size, dtype=dtype), requires_grad=False)
+        self.qkv_packed: torch.Tensor | None = None
+        self.o_packed: torch.Tensor | None = None
+
+    def pack_weights(self) -> None:
+        """Prepack the projections once the weights are loaded (engine/layers/linear.py)."""
+        self.qkv_packed, self.o_packed = pack(self.qkv_weight), pack(self.o_weight)
 
     def forward(
         self,
@@ -103,10 +109,10 @@ class Attention(nn.Module):
         paged_attention: PagedAttentionOp,
     ) -> torch.Tensor:  # (T, H)
         t = x.shape[0]
-        qkv = F.linear(x, self.qkv_weight, self.qkv_bias)  # (T, q_size + 2 kv_size)
+        qkv = linear(x, self.qkv_weight, self.qkv_packed, self.qkv_bias)  # (T, q_size + 2 kv_size)
         qk = qkv[:, : self.q_size + self.kv_size].view(t, self.num_heads + self.num_kv_heads, self.head_dim)
         qk = apply_rotary(qk, cos, sin_signed)  # q and k heads rotated together
         q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]  # (T, n_q, hd), (T, n_kv, hd)
         v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, self.head_dim)  # (T, n_kv, hd)
         o = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)  # (T, n_q, hd)
-        return F.linear(o.reshape(t, self.q_size), self.o_weight)
+        return linear(o.reshape(t, self.q_size), self.o_weight, self.o_packed)

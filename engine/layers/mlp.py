@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.layers.linear import linear, pack
+
 
 class GatedMLP(nn.Module):
     def __init__(self, hidden_size: int, intermediate_size: int, dtype: torch.dtype) -> None:
@@ -15,8 +17,13 @@ class GatedMLP(nn.Module):
             torch.empty(2 * intermediate_size, hidden_size, dtype=dtype), requires_grad=False
         )
         self.down_weight = nn.Parameter(torch.empty(hidden_size, intermediate_size, dtype=dtype), requires_grad=False)
+        self.gate_up_packed: torch.Tensor | None = None
+        self.down_packed: torch.Tensor | None = None
+
+    def pack_weights(self) -> None:
+        self.gate_up_packed, self.down_packed = pack(self.gate_up_weight), pack(self.down_weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (T, H) -> (T, H)
-        gate_up = F.linear(x, self.gate_up_weight)  # (T, 2 I)
+        gate_up = linear(x, self.gate_up_weight, self.gate_up_packed)  # (T, 2 I)
         gate, up = gate_up[:, : self.intermediate_size], gate_up[:, self.intermediate_size :]
-        return F.linear(F.silu(gate) * up, self.down_weight)
+        return linear(F.silu(gate) * up, self.down_weight, self.down_packed)
