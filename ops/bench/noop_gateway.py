@@ -39,6 +39,11 @@ class NoopStream:
             self._items.append(TokenDelta(request.request_id, i, [TOKEN], n_prompt, 1, 0))
             self._items.append(Finished(request.request_id, i, "length", Usage(n_prompt, 1, 0)))
 
+    @property
+    def finished(self) -> bool:
+        """As RequestStream.finished: nothing more will come."""
+        return not self._items
+
     def __aiter__(self) -> NoopStream:
         return self
 

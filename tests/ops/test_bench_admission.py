@@ -21,3 +21,13 @@ def test_bench_admission_prints_a_table_and_writes_json(tmp_path: Path):
     assert 0 < total["p50_ms"] <= total["p99_ms"]
     assert result["throughput_rps"] > 0 and result["script_us_per_call"] > 0
     assert result["gateway"] is None
+
+
+def test_bench_admission_through_the_gateway_with_a_noop_engine(tmp_path: Path):
+    out = tmp_path / "admission.json"
+    proc = subprocess.run([sys.executable, "-m", "ops.cli", "bench", "admission", "--requests", "20",
+                           "--seconds", "0.5", "--concurrency", "4", "--gateway", "--json", str(out)],
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    assert "request failed" not in proc.stdout + proc.stderr
+    assert json.loads(out.read_text())["gateway"] is not None
