@@ -12,35 +12,24 @@ each request's block table and reads K and V in place; OpenMP spreads the
         p = softmax(scores[g, :seq_len])        (max-subtracted, in float32)
         out[g] = sum_s p[g, s] * V[table[s // bs], s % bs, h]
 
-The source is compiled on first use with the system C compiler (`cc`, -O3
--march=native -fopenmp) into the pageserve cache folder, keyed by a hash of the
-source, flags and CPU; without a compiler (or with PAGESERVE_NATIVE_ATTENTION=0)
-`load()` returns None and callers keep the pure-PyTorch path.
+The source is compiled on first use (kernels/native_build.py); without a
+compiler, or with PAGESERVE_NATIVE_KERNELS=0, `load()` returns None and callers
+keep the pure-PyTorch path.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import logging
-import os
-import shutil
 import subprocess
-import tempfile
-from pathlib import Path
 
 import torch
 
+from kernels import native_build
+
 log = logging.getLogger("pageserve.kernels")
 
-# Not -ffast-math: linking a shared object with it pulls in crtfastmath.o, which turns on
-# flush-to-zero for the whole process (torch, numpy and every test in it). These are the
-# parts of it that let the compiler vectorize the reductions.
-FLAGS = [
-    "-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fassociative-math",
-    "-fno-signed-zeros", "-freciprocal-math", "-ffp-contract=fast", "-fopenmp", "-shared", "-fPIC",
-]
 MAX_GROUP, MAX_HEAD_DIM = 16, 256
 SUPPORTED = (torch.float32, torch.bfloat16)
 
@@ -186,38 +175,10 @@ class NativeDecode:
 @functools.cache
 def load() -> NativeDecode | None:
     """The compiled kernel, or None when disabled or no C compiler works here."""
-    if os.environ.get("PAGESERVE_NATIVE_ATTENTION", "1") == "0":
+    if not native_build.enabled():
         return None
     try:
-        return NativeDecode(ctypes.CDLL(str(_build())))
+        return NativeDecode(native_build.load_library("paged_decode", SOURCE))
     except (OSError, subprocess.CalledProcessError, FileNotFoundError) as exc:
         log.warning("native decode attention unavailable (%s); using the PyTorch path", exc)
         return None
-
-
-def _build() -> Path:
-    compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
-    if compiler is None:
-        raise FileNotFoundError("no C compiler (cc/gcc) on PATH")
-    key = hashlib.sha256("\0".join([SOURCE, compiler, *FLAGS, _cpu_flags()]).encode()).hexdigest()[:16]
-    from shared.model_store import cache_dir
-
-    target = cache_dir() / "kernels" / f"paged_decode-{key}.so"
-    if target.is_file():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        src = Path(tmp) / "paged_decode.c"
-        src.write_text(SOURCE)
-        lib = Path(tmp) / target.name
-        subprocess.run([compiler, *FLAGS, "-o", str(lib), str(src), "-lm"], check=True, capture_output=True)
-        os.replace(lib, target)  # atomic: concurrent first starts each build, one wins
-    return target
-
-
-def _cpu_flags() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line for line in f if line.startswith("flags")), "")
-    except OSError:
-        return ""
