@@ -132,3 +132,22 @@ def test_native_decode_reads_strided_queries_and_wide_groups(decode_path: str) -
     out = ca.paged_attention(query, kc, vc, tables, qsl, sl, scale)
     want = ref.paged_attention_ref(query.contiguous(), kc, vc, tables, qsl, sl, scale)
     torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("hd", [64, 96, 128])
+@pytest.mark.parametrize("num_requests", [2, 21])  # few: split by KV head; many: one task per request
+@pytest.mark.parametrize("block_size", [16, 5])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_native_decode_vector_paths(hd: int, num_requests: int, block_size: int, dtype: torch.dtype,
+                                    decode_path: str) -> None:
+    """Head sizes the AVX2 loops take (64-column register tiles, a 32-column rest at 96), contexts
+    that end inside an 8-token tile and inside a block, one task per request or per KV head."""
+    gen = torch.Generator().manual_seed(hd + num_requests + block_size)
+    ends = [130, 9, 1, 7, 8, 16, 17]  # 8-token tiles and blocks cut short, single tokens
+    seq_lens = (ends + torch.randint(1, 140, (num_requests,), generator=gen).tolist())[:num_requests]
+    args = _batch([1] * num_requests, seq_lens, n_q=9, n_kv=3, hd=hd, block_size=block_size, dtype=dtype)
+    out = ca.paged_attention(*args)
+    want = ref.paged_attention_ref(*args)
+    assert not out.isnan().any()
+    tol = {torch.float32: 1e-5, torch.bfloat16: 2e-2}[dtype]
+    torch.testing.assert_close(out.float(), want.float(), atol=tol, rtol=tol)
