@@ -26,17 +26,15 @@ from shared.protocol import (
     AddRequest,
     Error,
     Finished,
-    GetStats,
     Hello,
-    Message,
     Ready,
     Stats,
     StepOutputs,
     TokenDelta,
-    decode,
     encode,
 )
 from shared.sampling import SamplingParams
+from tests.support.raw_gateway import RawGateway
 from tests.support.redis_server import free_port
 
 pytestmark = pytest.mark.slow
@@ -106,58 +104,14 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProcess]:
     assert proc.stop() == 0, proc.log()
 
 
-class Gateway:
-    """A bare DEALER socket: every frame the engine sends is seen."""
-
-    def __init__(self, address: str) -> None:
-        self.ctx = zmq.Context()
-        self.sock = self.ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.connect(address)
-        self.pending: list[Message] = []
-        self.send(Hello(PROTOCOL_VERSION, "raw"))
-        assert isinstance(self.recv(), Ready)
-
-    def send(self, msg: Message) -> None:
-        self.sock.send(encode(msg))
-
-    def recv(self, timeout_s: float = 30.0) -> Message:
-        if self.pending:
-            return self.pending.pop(0)
-        assert self.sock.poll(int(timeout_s * 1000)), "no message from the engine"
-        return decode(self.sock.recv())
-
-    def collect(self, request_ids: set[str]) -> list[StepOutputs]:
-        msgs: list[StepOutputs] = []
-        left = set(request_ids)
-        while left:
-            msg = self.recv()
-            assert isinstance(msg, StepOutputs), msg
-            msgs.append(msg)
-            left -= {f.request_id for f in msg.finished}
-        return msgs
-
-    def stats(self) -> Stats:
-        """The answer to GetStats; step outputs arriving meanwhile are kept for recv()."""
-        self.send(GetStats())
-        while True:
-            assert self.sock.poll(30_000), "no Stats from the engine"
-            msg = decode(self.sock.recv())
-            if isinstance(msg, Stats):
-                return msg
-            self.pending.append(msg)
-
-    def close(self) -> None:
-        self.sock.close(linger=0)
-        self.ctx.term()
-
-
 @pytest.fixture
-def gateways(engine: EngineProcess) -> Iterator[list[Gateway]]:
-    opened = [Gateway(engine.address), Gateway(engine.address)]
+def gateways(engine: EngineProcess) -> Iterator[list[RawGateway]]:
+    ctx = zmq.Context()
+    opened = [RawGateway(ctx, engine.address, name="raw", timeout_s=30.0) for _ in range(2)]
     yield opened
     for gw in opened:
         gw.close()
+    ctx.term()
 
 
 def greedy(rid: str, prompt: list[int], max_tokens: int) -> AddRequest:
@@ -171,10 +125,10 @@ def test_ready_describes_the_loaded_model(engine: EngineProcess) -> None:
     assert engine.ready.eos_token_id == 2 and engine.ready.num_blocks == NUM_BLOCKS
 
 
-def test_deltas_stream_every_step_and_usage_is_exact(gateways: list[Gateway]) -> None:
+def test_deltas_stream_every_step_and_usage_is_exact(gateways: list[RawGateway]) -> None:
     gw = gateways[0]
     gw.send(greedy("stream", [1, 504, 3458, 282, 4649, 30], max_tokens=6))
-    msgs = gw.collect({"stream"})
+    msgs = gw.recv_until_finished({"stream"})
     deltas = [d for m in msgs for d in m.deltas]
     assert len(msgs) >= 6 and all(len(m.deltas) <= 1 for m in msgs)  # one step, one message, one token
     assert [d.num_output_tokens for d in deltas] == [1, 2, 3, 4, 5, 6]
@@ -183,12 +137,12 @@ def test_deltas_stream_every_step_and_usage_is_exact(gateways: list[Gateway]) ->
     assert (fin.reason, fin.usage.prompt_tokens, fin.usage.completion_tokens) == ("length", 6, 6)
 
 
-def test_two_gateways_get_only_their_own_outputs(gateways: list[Gateway]) -> None:
+def test_two_gateways_get_only_their_own_outputs(gateways: list[RawGateway]) -> None:
     a, b = gateways
     for i in range(3):
         a.send(greedy(f"a{i}", [1, 2, 3 + i], max_tokens=4))
         b.send(greedy(f"b{i}", [7, 8, 9 + i], max_tokens=5))
-    got_a, got_b = a.collect({"a0", "a1", "a2"}), b.collect({"b0", "b1", "b2"})
+    got_a, got_b = a.recv_until_finished({"a0", "a1", "a2"}), b.recv_until_finished({"b0", "b1", "b2"})
     ids_a = {d.request_id for m in got_a for d in m.deltas}
     ids_b = {d.request_id for m in got_b for d in m.deltas}
     assert ids_a == {"a0", "a1", "a2"} and ids_b == {"b0", "b1", "b2"}
@@ -196,7 +150,7 @@ def test_two_gateways_get_only_their_own_outputs(gateways: list[Gateway]) -> Non
     assert any(len(m.deltas) > 1 for m in got_a)  # one message carried several requests of one step
 
 
-def test_abort_returns_every_block_to_the_pool_within_a_second(gateways: list[Gateway]) -> None:
+def test_abort_returns_every_block_to_the_pool_within_a_second(gateways: list[RawGateway]) -> None:
     gw = gateways[0]
     gw.send(greedy("long", list(range(10, 10 + 100)), max_tokens=400))
     first = gw.recv()
@@ -254,7 +208,7 @@ def test_n_samples_stream_under_one_request_id_and_finish_separately(engine: Eng
         assert sum(len(i.new_token_ids) for i in items if isinstance(i, TokenDelta) and i.index == index) == 5
 
 
-def test_garbage_is_answered_and_the_engine_keeps_serving(gateways: list[Gateway]) -> None:
+def test_garbage_is_answered_and_the_engine_keeps_serving(gateways: list[RawGateway]) -> None:
     gw = gateways[0]
     for frame in (b"\x00\x01garbage", b"\x91\x63", encode(Hello(PROTOCOL_VERSION, "x"))[:-2], b"\x92\x03\x05"):
         gw.sock.send(frame)
@@ -264,7 +218,7 @@ def test_garbage_is_answered_and_the_engine_keeps_serving(gateways: list[Gateway
     err = gw.recv()
     assert isinstance(err, Error) and err.request_id == "oob" and "[0, 49152)" in err.message
     gw.send(greedy("after", [1, 2], max_tokens=2))
-    assert gw.collect({"after"})[-1].finished[0].reason == "length"
+    assert gw.recv_until_finished({"after"})[-1].finished[0].reason == "length"
 
 
 EDGE_CASES = [
@@ -282,7 +236,7 @@ EDGE_CASES = [
 ]
 
 
-def test_edge_case_requests_end_cleanly_and_the_engine_survives(gateways: list[Gateway]) -> None:
+def test_edge_case_requests_end_cleanly_and_the_engine_survives(gateways: list[RawGateway]) -> None:
     gw = gateways[0]
     for request in EDGE_CASES:
         gw.send(request)
@@ -299,7 +253,7 @@ def test_edge_case_requests_end_cleanly_and_the_engine_survives(gateways: list[G
     assert outcome["top-k-beyond-vocab"] == outcome["n-16"] == outcome["fills-the-context"] == "finished"
     assert outcome["max-tokens-huge"] == "finished"
     gw.send(greedy("still-serving", [1, 2], max_tokens=2))
-    assert gw.collect({"still-serving"})[-1].finished[0].reason == "length"
+    assert gw.recv_until_finished({"still-serving"})[-1].finished[0].reason == "length"
     stats = gw.stats()
     assert stats.num_running == 0 and stats.num_free_blocks == NUM_BLOCKS
 

@@ -23,15 +23,14 @@ from shared.protocol import (
     Error,
     GetStats,
     Hello,
-    Message,
     Ready,
     Stats,
     StepOutputs,
-    decode,
     encode,
 )
 from shared.sampling import SamplingParams
 from tests.engine.server_fake_core import Running, start_server
+from tests.support.raw_gateway import RawGateway
 
 
 @pytest.fixture
@@ -41,35 +40,6 @@ def engine() -> Iterator[Running]:
     if running.thread.is_alive():
         running.core.step_gate.set()
         running.stop()
-
-
-class Gateway:
-    """A bare DEALER: what a gateway's EngineClient does, frame by frame."""
-
-    def __init__(self, ctx: zmq.Context, address: str, hello: bool = True, version: int = PROTOCOL_VERSION) -> None:
-        self.sock = ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.connect(address)
-        if hello:
-            self.send(Hello(version, "test-gw"))
-            self.ready = self.recv()
-
-    def send(self, msg: Message) -> None:
-        self.sock.send(encode(msg))
-
-    def recv(self, timeout_s: float = 5.0) -> Message:
-        assert self.sock.poll(int(timeout_s * 1000)), "no message from the engine"
-        return decode(self.sock.recv())
-
-    def recv_until_finished(self, request_ids: set[str]) -> list[StepOutputs]:
-        msgs: list[StepOutputs] = []
-        left = set(request_ids)
-        while left:
-            msg = self.recv()
-            assert isinstance(msg, StepOutputs), msg
-            msgs.append(msg)
-            left -= {f.request_id for f in msg.finished}
-        return msgs
 
 
 class Sockets(zmq.Context):
@@ -101,12 +71,12 @@ def add(rid: str, max_tokens: int = 4, prompt: list[int] | None = None, n: int =
 
 
 def test_hello_gets_ready_with_the_model_facts(engine: Running, ctx: zmq.Context) -> None:
-    gw = Gateway(ctx, engine.server.address)
+    gw = RawGateway(ctx, engine.server.address)
     assert gw.ready == Ready(PROTOCOL_VERSION, "fake", 64, 4, 2, 64)
 
 
 def test_version_mismatch_is_refused_naming_both_versions(engine: Running, ctx: zmq.Context) -> None:
-    gw = Gateway(ctx, engine.server.address, hello=False)
+    gw = RawGateway(ctx, engine.server.address, hello=False)
     gw.send(Hello(PROTOCOL_VERSION + 1, "future-gw"))
     reply = gw.recv()
     assert isinstance(reply, Error) and reply.kind == "engine"
@@ -117,7 +87,7 @@ def test_version_mismatch_is_refused_naming_both_versions(engine: Running, ctx: 
 
 
 def test_deltas_stream_one_message_per_step_then_finished_with_usage(engine: Running, ctx: zmq.Context) -> None:
-    gw = Gateway(ctx, engine.server.address)
+    gw = RawGateway(ctx, engine.server.address)
     gw.send(add("a", max_tokens=3))
     msgs = gw.recv_until_finished({"a"})
     assert [[d.new_token_ids for d in m.deltas] for m in msgs] == [[[100]], [[101]], [[102]]]
@@ -128,7 +98,7 @@ def test_deltas_stream_one_message_per_step_then_finished_with_usage(engine: Run
 
 
 def test_one_step_batches_all_of_a_gateways_requests_into_one_message(engine: Running, ctx: zmq.Context) -> None:
-    gw = Gateway(ctx, engine.server.address)
+    gw = RawGateway(ctx, engine.server.address)
     engine.core.step_gate.clear()  # hold the loop so that both requests join the same steps
     gw.send(add("a", max_tokens=2))
     gw.send(add("b", max_tokens=2))
@@ -140,7 +110,7 @@ def test_one_step_batches_all_of_a_gateways_requests_into_one_message(engine: Ru
 
 
 def test_two_gateways_outputs_are_not_mixed(engine: Running, ctx: zmq.Context) -> None:
-    gw1, gw2 = Gateway(ctx, engine.server.address), Gateway(ctx, engine.server.address)
+    gw1, gw2 = RawGateway(ctx, engine.server.address), RawGateway(ctx, engine.server.address)
     for i in range(3):
         gw1.send(add(f"one-{i}", max_tokens=5))
         gw2.send(add(f"two-{i}", max_tokens=4))
@@ -153,7 +123,7 @@ def test_two_gateways_outputs_are_not_mixed(engine: Running, ctx: zmq.Context) -
 
 
 def test_abort_takes_effect_before_the_next_step_and_reports_usage(engine: Running, ctx: zmq.Context) -> None:
-    gw = Gateway(ctx, engine.server.address)
+    gw = RawGateway(ctx, engine.server.address)
     engine.core.step_gate.clear()
     gw.send(add("long", max_tokens=1000))
     assert engine.core.entered_step.wait(5.0)  # the loop is inside a step with "long" in it
@@ -174,7 +144,7 @@ def test_abort_takes_effect_before_the_next_step_and_reports_usage(engine: Runni
 
 
 def test_a_gateway_cannot_abort_another_gateways_request(engine: Running, ctx: zmq.Context) -> None:
-    owner, other = Gateway(ctx, engine.server.address), Gateway(ctx, engine.server.address)
+    owner, other = RawGateway(ctx, engine.server.address), RawGateway(ctx, engine.server.address)
     owner.send(add("mine", max_tokens=20))
     first = owner.recv()
     other.send(Abort(["mine"]))
@@ -184,7 +154,7 @@ def test_a_gateway_cannot_abort_another_gateways_request(engine: Running, ctx: z
 
 
 def test_n_samples_finish_separately(engine: Running, ctx: zmq.Context) -> None:
-    gw = Gateway(ctx, engine.server.address)
+    gw = RawGateway(ctx, engine.server.address)
     gw.send(add("multi", max_tokens=5000, n=3))
     gw.recv()
     gw.send(Abort(["multi"]))
@@ -208,7 +178,7 @@ def test_n_samples_finish_separately(engine: Running, ctx: zmq.Context) -> None:
 def test_bad_requests_get_a_request_error_and_the_engine_goes_on(
     engine: Running, ctx: zmq.Context, request_: AddRequest, problem: str
 ) -> None:
-    gw = Gateway(ctx, engine.server.address)
+    gw = RawGateway(ctx, engine.server.address)
     gw.send(request_)
     err = gw.recv()
     assert isinstance(err, Error) and (err.request_id, err.kind) == (request_.request_id, "request")
@@ -218,7 +188,7 @@ def test_bad_requests_get_a_request_error_and_the_engine_goes_on(
 
 
 def test_duplicate_request_id_in_flight_is_refused(engine: Running, ctx: zmq.Context) -> None:
-    gw = Gateway(ctx, engine.server.address)
+    gw = RawGateway(ctx, engine.server.address)
     engine.core.step_gate.clear()
     gw.send(add("dup", max_tokens=5))
     assert engine.core.entered_step.wait(5.0)
@@ -234,7 +204,7 @@ def test_duplicate_request_id_in_flight_is_refused(engine: Running, ctx: zmq.Con
 
 
 def test_garbage_frames_are_answered_and_survived(engine: Running, ctx: zmq.Context) -> None:
-    gw = Gateway(ctx, engine.server.address)
+    gw = RawGateway(ctx, engine.server.address)
     garbage = [b"", b"\xc1\xff", b"\x93\x01", encode(add("x"))[:-3], encode(Ready(1, "m", 1, 1, None, 1)),
                b"\x92\x63\x01"]
     for frame in garbage:
@@ -253,7 +223,7 @@ def test_garbage_frames_are_answered_and_survived(engine: Running, ctx: zmq.Cont
 def test_bad_sampling_is_reported_against_its_request(engine: Running, ctx: zmq.Context) -> None:
     import msgpack
 
-    gw = Gateway(ctx, engine.server.address)
+    gw = RawGateway(ctx, engine.server.address)
     raw = msgpack.unpackb(encode(add("hot")))
     raw[3]["temperature"] = 5.0
     gw.sock.send(msgpack.packb(raw))
@@ -263,7 +233,7 @@ def test_bad_sampling_is_reported_against_its_request(engine: Running, ctx: zmq.
 
 def test_stop_with_requests_in_flight_aborts_them_and_tells_every_gateway(ctx: zmq.Context) -> None:
     running = start_server(grace_s=0.3)
-    gw1, gw2 = Gateway(ctx, running.server.address), Gateway(ctx, running.server.address)
+    gw1, gw2 = RawGateway(ctx, running.server.address), RawGateway(ctx, running.server.address)
     gw1.send(add("slow", max_tokens=9000))
     gw1.recv()
     t0 = time.monotonic()
@@ -283,7 +253,7 @@ def test_stop_with_requests_in_flight_aborts_them_and_tells_every_gateway(ctx: z
 
 def test_stop_lets_short_requests_finish_within_the_grace_period(ctx: zmq.Context) -> None:
     running = start_server(grace_s=5.0)
-    gw = Gateway(ctx, running.server.address)
+    gw = RawGateway(ctx, running.server.address)
     gw.send(add("short", max_tokens=5))
     gw.recv()
     running.server.request_stop()
@@ -295,7 +265,7 @@ def test_stop_lets_short_requests_finish_within_the_grace_period(ctx: zmq.Contex
 
 def test_a_fatal_core_error_is_told_to_every_gateway_and_exits_1(ctx: zmq.Context) -> None:
     running = start_server()
-    gws = [Gateway(ctx, running.server.address) for _ in range(2)]
+    gws = [RawGateway(ctx, running.server.address) for _ in range(2)]
     running.core.fail_next_step = RuntimeError("CUDA fell over")
     gws[0].send(add("boom"))
     for gw in gws:
@@ -307,7 +277,7 @@ def test_a_fatal_core_error_is_told_to_every_gateway_and_exits_1(ctx: zmq.Contex
 
 
 def test_requests_of_a_vanished_gateway_are_aborted(engine: Running, ctx: zmq.Context) -> None:
-    gw = Gateway(ctx, engine.server.address)
+    gw = RawGateway(ctx, engine.server.address)
     gw.send(add("orphan", max_tokens=9000))
     gw.recv()
     gw.sock.close(linger=0)
@@ -329,7 +299,7 @@ def test_an_ipc_address_works_and_its_socket_file_goes_away(ctx: zmq.Context, tm
     path = tmp_path / "engine.sock"
     running = start_server(listen=f"ipc://{path}")
     assert running.server.address == f"ipc://{path}" and path.exists()
-    gw = Gateway(ctx, running.server.address)
+    gw = RawGateway(ctx, running.server.address)
     gw.send(add("over-ipc", max_tokens=2))
     assert gw.recv_until_finished({"over-ipc"})
     assert running.stop() == 0
@@ -351,7 +321,7 @@ def test_main_refuses_a_taken_or_malformed_address_before_loading_anything(
 
 
 def test_bye_aborts_the_gateways_requests_and_forgets_it(engine: Running, ctx: zmq.Context) -> None:
-    leaving, staying = Gateway(ctx, engine.server.address), Gateway(ctx, engine.server.address)
+    leaving, staying = RawGateway(ctx, engine.server.address), RawGateway(ctx, engine.server.address)
     leaving.send(add("left-behind", max_tokens=9000))
     leaving.recv()
     leaving.send(Bye("shutting down the gateway"))
@@ -366,7 +336,7 @@ def test_bye_aborts_the_gateways_requests_and_forgets_it(engine: Running, ctx: z
 
 def test_a_second_stop_request_skips_the_rest_of_the_grace_period(ctx: zmq.Context) -> None:
     running = start_server(grace_s=60.0)
-    gw = Gateway(ctx, running.server.address)
+    gw = RawGateway(ctx, running.server.address)
     gw.send(add("slow", max_tokens=9000))
     gw.recv()
     running.server.request_stop()
@@ -380,7 +350,7 @@ def test_a_second_stop_request_skips_the_rest_of_the_grace_period(ctx: zmq.Conte
 def test_an_oversized_frame_drops_only_its_sender(engine: Running, ctx: zmq.Context) -> None:
     from engine.server import MAX_MESSAGE_BYTES
 
-    bully, bystander = Gateway(ctx, engine.server.address), Gateway(ctx, engine.server.address)
+    bully, bystander = RawGateway(ctx, engine.server.address), RawGateway(ctx, engine.server.address)
     bully.sock.send(b"\x00" * (MAX_MESSAGE_BYTES + 1))
     bystander.send(add("unharmed", max_tokens=3))
     assert bystander.recv_until_finished({"unharmed"})
@@ -391,7 +361,7 @@ def test_one_log_line_per_finished_request_with_counts_and_no_prompt(
     engine: Running, ctx: zmq.Context, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level("INFO", logger="pageserve.engine")
-    gw = Gateway(ctx, engine.server.address)
+    gw = RawGateway(ctx, engine.server.address)
     gw.send(AddRequest("logged", [911, 912, 913], SamplingParams(max_tokens=3), tenant_id="acme"))
     gw.recv_until_finished({"logged"})
     lines = [r.getMessage() for r in caplog.records if "request logged" in r.getMessage()]
