@@ -3,7 +3,9 @@
 The gateway imports from here only:
 
     connect(url) -> redis client          TenantStore(redis).authenticate(key) -> AuthContext | None
-    Admission(redis).admit(auth, prompt_tokens, max_tokens) -> Ticket (headers, settle(...))
+    Admission(redis).admit_key(key, prompt_tokens, max_tokens) -> (AuthContext, Ticket) | None
+        (authentication and admission in one round trip; Ticket: headers, settle(...))
+    Admission(redis).admit(auth, prompt_tokens, max_tokens) -> Ticket (a caller authenticated already)
     TenancyUnavailable -> 503             QuotaExceeded -> 429 (body(), headers)
 
 Admin operations (CLI and /admin routes) go through `admin_ops.AdminOps`.

@@ -3,13 +3,17 @@
 Gateway use, one admission point and one settlement `finally` per request:
 
     admission = Admission(redis, prefix="ps")                 # in the lifespan
-    ticket = await admission.admit(auth, prompt_tokens, n * max_tokens)
-        # raises QuotaExceeded (-> 429: exc.body(), exc.headers) or TenancyUnavailable (-> 503)
+    admitted = await admission.admit_key(bearer_key, prompt_tokens, n * max_tokens)
+        # None -> 401; raises QuotaExceeded (-> 429: exc.body(), exc.headers) or TenancyUnavailable (-> 503)
+    auth, ticket = admitted                                   # the key's AuthContext and its reservation
     response.headers.update(ticket.headers)                   # x-ratelimit-* on admitted requests too
     try: ... stream ...
     finally: await ticket.settle(prompt_tokens, completion_tokens_sent, cached_tokens, error=failed)
 
-`admit` reserves 1 request, the exact prompt tokens and `max_tokens` (or the
+`admit_key` is one round trip: the script looks the key up as
+`TenantStore.authenticate` does and then checks and reserves, atomically.
+`admit(auth, ...)` is the same check for a principal authenticated already.
+Either reserves 1 request, the exact prompt tokens and `max_tokens` (or the
 configured default cap) output tokens; nothing is charged when it refuses.
 While the ticket lives, a background task extends its concurrency lease every
 `heartbeat_s`; a gateway that dies stops extending, and its slots free
@@ -31,12 +35,25 @@ from typing import Any, Protocol
 
 import redis.asyncio as aioredis
 
+from gateway.tenancy import keys
 from gateway.tenancy.errors import InvalidArgument, QuotaExceeded, TenancyUnavailable
-from gateway.tenancy.limiter_lua import ADMIT, HEARTBEAT, SETTLE
-from gateway.tenancy.redis_conn import ping, unavailable_on_failure
+from gateway.tenancy.limiter_lua import ADMIT, AUTH_ADMIT, HEARTBEAT, SETTLE
+from gateway.tenancy.redis_conn import ping, text, unavailable_on_failure
+from gateway.tenancy.store import AuthContext, auth_context
 from gateway.tenancy.tiers import DEFAULT_TIER, TIERS
 
 log = logging.getLogger("pageserve.tenancy")
+
+
+def _tier_args() -> list[str | int]:
+    """Every tier's default limits, for AUTH_ADMIT to pick the caller's from: name, six limits; default first."""
+    args: list[str | int] = []
+    for tier in sorted(TIERS.values(), key=lambda t: t.name != DEFAULT_TIER):
+        args += [tier.name, *tier.limits.as_args()]
+    return args
+
+
+_TIER_ARGS = _tier_args()
 
 _WHAT = {
     "rpm": "requests per minute",
@@ -139,9 +156,11 @@ class Admission:
         self.prefix = prefix
         self.config = config or AdmissionConfig()
         self._admit = client.register_script(ADMIT)
+        self._auth_admit = client.register_script(AUTH_ADMIT)
         self._heartbeat = client.register_script(HEARTBEAT)
         self._settle = client.register_script(SETTLE)
         self._tasks: set[asyncio.Task[None]] = set()
+        self._times = [int(self.config.lease_s * 1000), int(self.config.reservation_ttl_s * 1000)]
 
     async def ping(self) -> bool:
         """True when Redis answers (for /health); never raises."""
@@ -153,16 +172,45 @@ class Admission:
         max_tokens: the most output tokens the request may produce in total
         (n x max_tokens for n samples); None reserves the default cap.
         """
-        output = self.config.default_max_tokens if max_tokens is None else max_tokens
-        if prompt_tokens < 0 or output < 0:
-            raise InvalidArgument(f"token counts must be >= 0 (prompt {prompt_tokens}, output {output})")
+        output = self._output(prompt_tokens, max_tokens)
         tier = TIERS.get(auth.tier, TIERS[DEFAULT_TIER])
         rid = uuid.uuid4().hex
         args: list[str | int] = [self.prefix, auth.tenant, auth.key_id, rid, prompt_tokens, output,
-                int(self.config.lease_s * 1000), int(self.config.reservation_ttl_s * 1000),
-                *tier.limits.as_args()]
+                                 *self._times, *tier.limits.as_args()]
         with unavailable_on_failure():
             reply = await self._admit(args=args)
+        return self._ticket(reply, rid, auth, prompt_tokens, output)
+
+    async def admit_key(self, plaintext: str, prompt_tokens: int,
+                        max_tokens: int | None) -> tuple[AuthContext, Ticket] | None:
+        """Authenticate a bearer key and admit its request in one Redis round trip (the gateway's hot path).
+
+        None when the key must get 401 (malformed, unknown, revoked, past its
+        rotation grace, tenant suspended or deleted); nothing is charged then.
+        The key is looked up on every call, never cached, so a revocation or
+        suspension holds from the very next request. Otherwise as `admit`.
+        """
+        output = self._output(prompt_tokens, max_tokens)
+        if not keys.looks_like_key(plaintext):
+            return None
+        rid = uuid.uuid4().hex
+        args = [self.prefix, keys.hash_key(plaintext), rid, prompt_tokens, output, *self._times, *_TIER_ARGS]
+        with unavailable_on_failure():
+            reply = await self._auth_admit(args=args)
+        if int(reply[0]) == -1:
+            return None
+        key_id, tenant, tenant_id, tier, salt = (text(x) for x in reply[-5:])
+        auth = auth_context(key_id, tenant_id, tenant, tier, salt)
+        return auth, self._ticket(reply, rid, auth, prompt_tokens, output)
+
+    def _output(self, prompt_tokens: int, max_tokens: int | None) -> int:
+        output = self.config.default_max_tokens if max_tokens is None else max_tokens
+        if prompt_tokens < 0 or output < 0:
+            raise InvalidArgument(f"token counts must be >= 0 (prompt {prompt_tokens}, output {output})")
+        return output
+
+    def _ticket(self, reply: list[Any], rid: str, auth: Principal, prompt_tokens: int, output: int) -> Ticket:
+        """The admission script's reply as a ticket (its lease kept alive), or the QuotaExceeded it means."""
         if int(reply[0]) == 0:
             raise rejection(list(reply[1:8]), ratelimit_headers([int(x) for x in reply[8:14]]))
         ticket = Ticket(self, rid, auth, prompt_tokens, output, ratelimit_headers([int(x) for x in reply[1:7]]))

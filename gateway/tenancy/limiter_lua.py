@@ -1,4 +1,4 @@
-"""The three Lua scripts of admission: admit, heartbeat, settle. One atomic round trip each.
+"""The Lua scripts of admission: (authenticate and) admit, heartbeat, settle. One atomic round trip each.
 
 Time is Redis's own (`TIME`), so any number of gateways on any hosts agree on
 windows, leases and calendar days. Keys are derived inside the scripts from
@@ -55,19 +55,17 @@ local day_reset = (days + 1) * 86400000 - now
 local month_reset = days_from_civil(m == 12 and y + 1 or y, m == 12 and 1 or m + 1, 1) * 86400000 - now
 """
 
-# ARGV: 1 prefix, 2 tenant, 3 key id, 4 reservation id, 5 prompt tokens, 6 output tokens,
-#       7 lease ms, 8 reservation ttl ms, 9..14 the tenant's tier defaults (-1 = unlimited).
-# Returns {1, hdr x6, leased (0|1)} admitted, or {0, field, scope, limit, need, available, retry_ms, fits, hdr x6}.
+# The quota check and reservation, shared by ADMIT and AUTH_ADMIT. Their prologues set the locals
+# P, tenant, kid, rid, prompt, output, lease_ms, resv_ttl, defaults (the tier's six limits) and
+# reply(out), which may append to what the body returns:
+#   {1, hdr x6, leased (0|1)} admitted, or {0, field, scope, limit, need, available, retry_ms, fits, hdr x6}.
 # hdr = requests limit, remaining, reset ms, tokens limit, remaining, reset ms (-1 = no such limit).
-ADMIT = _CLOCK + _CALENDAR + """
-local P, tenant, kid, rid = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local prompt, output = tonumber(ARGV[5]), tonumber(ARGV[6])
-local lease_ms, resv_ttl = tonumber(ARGV[7]), tonumber(ARGV[8])
+_ADMIT_BODY = """
 local FIELDS = {'rpm', 'input_tpm', 'output_tpm', 'concurrency', 'daily_tokens', 'monthly_tokens'}
 
 local function limits(hkey, with_defaults)
   local lim = {}
-  for i, f in ipairs(FIELDS) do lim[f] = with_defaults and tonumber(ARGV[8 + i]) or -1 end
+  for i, f in ipairs(FIELDS) do lim[f] = with_defaults and defaults[i] or -1 end
   local raw = redis.call('HGETALL', hkey)
   for i = 1, #raw, 2 do lim[raw[i]] = tonumber(raw[i + 1]) end
   return lim
@@ -149,7 +147,7 @@ if not admitted then
   local out = {0}
   for i = 1, 7 do out[#out + 1] = worst[i] end
   for i = 1, 6 do out[#out + 1] = headers[i] end
-  return out
+  return reply(out)
 end
 
 for _, s in ipairs(scopes) do
@@ -180,8 +178,49 @@ redis.call('PEXPIRE', rk, resv_ttl)
 local out = {1}
 for i = 1, 6 do out[#out + 1] = headers[i] end
 out[#out + 1] = (scopes[1].conc or (scopes[2] and scopes[2].conc)) and 1 or 0
-return out
+return reply(out)
 """
+
+# Admit a known principal. ARGV: 1 prefix, 2 tenant, 3 key id ('' for none), 4 reservation id,
+# 5 prompt tokens, 6 output tokens, 7 lease ms, 8 reservation ttl ms, 9..14 the tier's limits (-1 = unlimited).
+ADMIT = _CLOCK + _CALENDAR + """
+local P, tenant, kid, rid = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local prompt, output = tonumber(ARGV[5]), tonumber(ARGV[6])
+local lease_ms, resv_ttl = tonumber(ARGV[7]), tonumber(ARGV[8])
+local defaults = {}
+for i = 1, 6 do defaults[i] = tonumber(ARGV[8 + i]) end
+local function reply(out) return out end
+""" + _ADMIT_BODY
+
+# Authenticate and admit in one round trip: the key lookup of store.py (hash -> key record -> tenant),
+# read on every request, so a revocation, suspension or end of rotation grace holds from the next one.
+# ARGV: 1 prefix, 2 sha256 of the key, 3 reservation id, 4 prompt tokens, 5 output tokens, 6 lease ms,
+#       7 reservation ttl ms, 8.. per tier: its name, then its six limits; the default tier first.
+# Returns {-1} for a key that must not authenticate (nothing is read further, nothing is charged),
+# else the body's reply followed by: key id, tenant name, tenant id, tier name, cache salt.
+AUTH_ADMIT = _CLOCK + _CALENDAR + """
+local P = ARGV[1]
+local kid = redis.call('GET', P .. ':keyhash:' .. ARGV[2])
+if not kid then return {-1} end
+local key = redis.call('HMGET', P .. ':key:' .. kid, 'status', 'tenant_id', 'tenant')
+if key[1] ~= 'active' or not key[3] then return {-1} end
+local ten = redis.call('HMGET', P .. ':tenant:' .. key[3], 'id', 'tier', 'status', 'cache_salt')
+-- a suspended tenant, or a deleted one (even if a new tenant took its name)
+if ten[3] ~= 'active' or ten[1] ~= key[2] then return {-1} end
+local tenant, rid = key[3], ARGV[3]
+local prompt, output = tonumber(ARGV[4]), tonumber(ARGV[5])
+local lease_ms, resv_ttl = tonumber(ARGV[6]), tonumber(ARGV[7])
+local tier, at = ten[2] or '', 8  -- an unknown tier gets the default tier's limits, as in Python
+for i = 8, #ARGV, 7 do
+  if ARGV[i] == tier then at = i end
+end
+local defaults = {}
+for i = 1, 6 do defaults[i] = tonumber(ARGV[at + i]) end
+local function reply(out)
+  for _, v in ipairs({kid, tenant, ten[1], tier, ten[4] or ''}) do out[#out + 1] = v end
+  return out
+end
+""" + _ADMIT_BODY
 
 # ARGV: 1 prefix, 2 reservation id, 3 lease ms. Returns 1 if a lease was extended, else 0.
 HEARTBEAT = _CLOCK + """

@@ -4,6 +4,9 @@ Gateway use (one store per process, built in the lifespan from the Redis pool):
 
     store = TenantStore(redis, prefix="ps")
     auth = await store.authenticate(bearer_token)   # AuthContext | None; raises TenancyUnavailable
+
+(A generation request does not call this: `Admission.admit_key` runs the same
+lookup inside its admission script, one round trip for both.)
     if auth is None: -> 401 (unknown, revoked, expired after rotation grace, or tenant suspended)
     AddRequest(priority=auth.priority, tenant_id=auth.tenant_id, weight=auth.weight, cache_salt=auth.cache_salt)
 
@@ -139,6 +142,13 @@ class KeyInfo:
         return {**asdict(self), "usable": self.usable()}
 
 
+def auth_context(key_id: str, tenant_id: str, tenant: str, tier_name: str, cache_salt: str) -> AuthContext:
+    """The context of an authenticated key (an unknown tier name gets the default tier)."""
+    tier = TIERS.get(tier_name, TIERS[DEFAULT_TIER])
+    return AuthContext(tenant_id=tenant_id, tenant=tenant, key_id=key_id, tier=tier.name,
+                       priority=tier.priority, weight=tier.weight, cache_salt=cache_salt)
+
+
 def _tenant(raw: dict[str, str]) -> Tenant:
     return Tenant(id=raw["id"], name=raw["name"], tier=raw["tier"], status=raw["status"],
                   created_at=float(raw["created_at"]), cache_salt=raw["cache_salt"])
@@ -197,9 +207,7 @@ class TenantStore:
             return None
         if tenant_id != key_tenant_id:
             return None  # the tenant was deleted and a new one took the name
-        tier = TIERS.get(tier_name, TIERS[DEFAULT_TIER])
-        return AuthContext(tenant_id=tenant_id, tenant=name, key_id=key_id, tier=tier.name,
-                           priority=tier.priority, weight=tier.weight, cache_salt=salt)
+        return auth_context(key_id, tenant_id, name, tier_name, salt)
 
     # -- tenants -----------------------------------------------------------------
 
