@@ -5,12 +5,14 @@ A request's path through the package:
     server.py        `pageserve gateway`: flags/env -> GatewayConfig (config.py) -> uvicorn
     app.py           create_app(config): routes + a lifespan owning the services (state.py)
     routes.py        POST /v1/chat/completions, /v1/completions; GET /v1/models, /health
-    auth.py          Bearer key -> AuthContext (tenancy/store.py; keys only as hashes) or 401
+    auth.py          Bearer key -> AuthContext + quota ticket in one Redis round trip (keys only as hashes),
+                     or 401 before any other refusal
     schemas.py       body checked field by field -> SamplingParams + stop strings, or 400 naming the param
     prompts.py       chat template + tokenization (tokenizer.py: tokenizers + jinja2, no torch)
-    serving.py       context check, admission, submit, then SSE (sse.py) or one JSON body
+    serving.py       context check, admission, submit, then SSE (sse.py) or one JSON body;
+                     settlement after the last byte
     generation.py    one request in flight: engine deltas -> text per choice (detokenizer.py,
-                     stop_strings.py); the single admit and the single close/settle
+                     stop_strings.py); the single close/settle
     openai_format.py the exact chunk/response JSON shapes
     engine_link.py   keeps an EngineClient (engine_client.py) connected, reconnects after a loss
     errors.py        4xx / 500 / 503 in OpenAI's error body

@@ -1,7 +1,7 @@
 """One admitted request in flight: engine token deltas in, text deltas per choice out.
 
-Owns the life of a request after validation: `admit` (the one place a request
-is let in), `submit` to the engine, `deltas()` turning each sample's tokens into
+Owns the life of an admitted request (`gateway/auth.py` admits it and hands
+over its ticket): `submit` to the engine, `deltas()` turning each sample's tokens into
 text (incremental detokenizer + stop strings), and `close` (the one place a
 request ends: abort in the engine if it is still running, then settle usage).
 `close` is idempotent and is called from exactly one `finally` per request,
@@ -26,7 +26,7 @@ from gateway.detokenizer import IncrementalDetokenizer, Tokenizer
 from gateway.engine_client import EngineDeadError, EngineError, RequestFailedError, RequestStream
 from gateway.errors import APIError, EngineUnavailable, InternalError, InvalidRequest
 from gateway.stop_strings import StopStringMatcher
-from gateway.tenancy.admission import Admission, Ticket
+from gateway.tenancy.admission import Ticket
 from shared.protocol import AddRequest, Finished, TokenDelta
 from shared.sampling import SamplingParams
 
@@ -94,19 +94,16 @@ class Generation:
     tokenizer: Tokenizer
     arrival_time: float = field(default_factory=time.time)
     response_headers: dict[str, str] = field(default_factory=dict)
-    """Sent with the response (admission puts its x-ratelimit-* headers here)."""
-    admission: Admission | None = None
-    """Quota admission (gateway/tenancy/admission.py); None runs without quotas (unit tests)."""
-    max_tokens_given: bool = True
-    """False when max_tokens is the gateway's default (the room left in the context): admission then
-    reserves its configured default cap per sample instead, and settles whatever was produced."""
+    """Sent with the response (the ticket's x-ratelimit-* headers are added here)."""
+    ticket: Ticket | None = None
+    """The request's quota reservation (gateway/tenancy/admission.py), settled by `close`;
+    None runs without quotas (unit tests)."""
     failed: bool = field(init=False, default=False)
     """The request ended in an error (engine or internal), not by finishing or a client leaving."""
     usage: Usage = field(init=False)
     _samples: list[_Sample] = field(init=False)
     _stream: RequestStream | None = field(init=False, default=None)
     _closed: bool = field(init=False, default=False)
-    _ticket: Ticket | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.usage = Usage(prompt_tokens=len(self.prompt_token_ids))
@@ -114,22 +111,8 @@ class Generation:
             _Sample(IncrementalDetokenizer(self.tokenizer, self.prompt_token_ids), StopStringMatcher(self.stop))
             for _ in range(self.sampling.n)
         ]
-
-    async def admit(self) -> None:
-        """The one place a request is let in (after tokenizing, before the engine sees it).
-
-        Reserves 1 request, the prompt tokens and n x max_tokens output tokens (n x
-        the configured default cap when the client gave no max_tokens); raises
-        QuotaExceeded (429) or TenancyUnavailable (503), mapped by the app's tenancy handler.
-        """
-        if self.admission is None:
-            return
-        per_sample = self.sampling.max_tokens
-        if not self.max_tokens_given:
-            per_sample = min(per_sample, self.admission.config.default_max_tokens)
-        reserve = self.sampling.n * per_sample
-        self._ticket = await self.admission.admit(self.caller, len(self.prompt_token_ids), reserve)
-        self.response_headers.update(self._ticket.headers)
+        if self.ticket is not None:
+            self.response_headers.update(self.ticket.headers)
 
     async def settle(self) -> None:
         """The one place a finished request's usage is recorded (called once, from `close`).
@@ -137,13 +120,13 @@ class Generation:
         `self.usage` is exactly what the client was sent; the ticket settles it
         exactly once (a Redis outage defers it, never raises here).
         """
-        if self._ticket is None:
+        if self.ticket is None:
             return
         if self._stream is None:  # the engine never took it: nothing was served, nothing is charged
-            await self._ticket.settle(0, 0, 0, error=True)
+            await self.ticket.settle(0, 0, 0, error=True)
             return
         u = self.usage
-        await self._ticket.settle(u.prompt_tokens, u.completion_tokens, u.cached_tokens, error=self.failed)
+        await self.ticket.settle(u.prompt_tokens, u.completion_tokens, u.cached_tokens, error=self.failed)
 
     async def submit(self, engine: Engine) -> None:
         request = AddRequest(

@@ -5,7 +5,9 @@
     GET  /v1/models             the one model the engine serves
     GET  /health                engine and Redis status (no key needed)
 
-Authentication comes first, so an unauthenticated body is never even parsed.
+A generation request's key is verified by its admission script, one Redis round
+trip for key and quotas (`gateway/auth.py`); a bad key still gets its 401 before
+any other refusal, and a large body is never read for one.
 """
 
 from __future__ import annotations
@@ -15,33 +17,35 @@ import time
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import ASGIApp
 
-from gateway.auth import authenticate
+from gateway.auth import authenticate, bearer_key, key_checked_first
 from gateway.errors import APIError, NotFound
 from gateway.schemas import GenerationSettings, parse_chat, parse_completion, parse_json
-from gateway.serving import PromptInput, serve
-from gateway.sse import SSEResponse
+from gateway.serving import PromptInput, plan, serve
 from gateway.state import GatewayState, get_state
 
 
-async def chat_completions(request: Request) -> Response | SSEResponse:
+async def chat_completions(request: Request) -> ASGIApp:
     state = get_state(request)
-    caller = await authenticate(request, state.store)
-    chat = parse_chat(parse_json(await read_body(request, state.config.max_body_bytes)))
-    _check_model(state, chat.settings)
-    token_ids = await state.prompts.chat(chat.messages)
-    prompt = PromptInput(token_ids, param="messages")
-    return await serve(request, state, "chat", chat.settings, prompt, caller)
+    key = bearer_key(request)
+    async with key_checked_first(request, key, state.store):
+        chat = parse_chat(parse_json(await read_body(request, state.config.max_body_bytes)))
+        _check_model(state, chat.settings)
+        prompt = PromptInput(await state.prompts.chat(chat.messages), param="messages")
+        checked = plan(state, "chat", chat.settings, prompt)
+    return await serve(request, state, checked, key)
 
 
-async def completions(request: Request) -> Response | SSEResponse:
+async def completions(request: Request) -> ASGIApp:
     state = get_state(request)
-    caller = await authenticate(request, state.store)
-    completion = parse_completion(parse_json(await read_body(request, state.config.max_body_bytes)))
-    _check_model(state, completion.settings)
-    token_ids = await state.prompts.completion(completion.prompt)
-    prompt = PromptInput(token_ids, param="prompt")
-    return await serve(request, state, "completion", completion.settings, prompt, caller)
+    key = bearer_key(request)
+    async with key_checked_first(request, key, state.store):
+        completion = parse_completion(parse_json(await read_body(request, state.config.max_body_bytes)))
+        _check_model(state, completion.settings)
+        prompt = PromptInput(await state.prompts.completion(completion.prompt), param="prompt")
+        checked = plan(state, "completion", completion.settings, prompt)
+    return await serve(request, state, checked, key)
 
 
 async def models(request: Request) -> Response:

@@ -1,9 +1,11 @@
 """From a validated, tokenized request to an HTTP response: streamed or whole.
 
-Owns the request's path after the route parsed it: context-length check,
-admission, submission, then either an SSE stream of OpenAI chunks or one JSON
+Owns the request's path after the route parsed it: `plan` (default max_tokens,
+context-length check), then `serve`: admission (key + quotas, one Redis round
+trip), submission, then either an SSE stream of OpenAI chunks or one JSON
 body, and in both cases the single `Generation.close()` (engine abort if still
-running + usage settlement) when it ends, fails or the client goes away.
+running + usage settlement) when it ends, fails or the client goes away; for a
+finished request that runs after its last byte went out, off the client's clock.
 The non-streaming path watches the ASGI `http.disconnect` message while it
 waits, so a client that hangs up frees its KV blocks at once.
 """
@@ -12,18 +14,22 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import anyio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+from starlette.types import ASGIApp, Receive, Scope, Send
 
+from gateway.auth import admit
 from gateway.errors import APIError, InternalError
-from gateway.generation import Caller, Generation, check_context
+from gateway.generation import Generation, check_context
 from gateway.openai_format import Endpoint, ResponseFormat, new_request_id
 from gateway.schemas import GenerationSettings
 from gateway.sse import DONE, SSEResponse, sse_event
-from gateway.state import GatewayState
+from gateway.state import EngineHandle, GatewayState
+from gateway.tenancy.admission import Admission
+from shared.sampling import SamplingParams
 
 log = logging.getLogger("pageserve.gateway")
 
@@ -35,14 +41,20 @@ class PromptInput:
     """The body field the prompt came from ("messages" or "prompt"), for errors."""
 
 
-async def serve(
-    request: Request,
-    state: GatewayState,
-    endpoint: Endpoint,
-    settings: GenerationSettings,
-    prompt: PromptInput,
-    caller: Caller,
-) -> Response | SSEResponse:
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """A request that passed every check that needs no Redis: what `serve` admits and runs."""
+
+    endpoint: Endpoint
+    settings: GenerationSettings
+    prompt: PromptInput
+    sampling: SamplingParams
+    """The request's sampling, max_tokens defaulted to the room left when the client gave none."""
+    engine: EngineHandle
+
+
+def plan(state: GatewayState, endpoint: Endpoint, settings: GenerationSettings, prompt: PromptInput) -> Plan:
+    """Default max_tokens and check the context: 400 or 503 (engine down) before any quota is touched."""
     engine = state.engine_client()
     info = engine.model_info
     sampling = settings.sampling
@@ -54,32 +66,66 @@ async def serve(
         default = room if endpoint == "chat" else min(room, state.config.completion_default_max_tokens)
         sampling = dataclasses.replace(sampling, max_tokens=max(default, sampling.min_tokens))
     check_context(len(prompt.token_ids), sampling.max_tokens, info.max_model_len, prompt.param, settings.max_param)
+    return Plan(endpoint, settings, prompt, sampling, engine)
 
-    fmt = ResponseFormat(endpoint, new_request_id(endpoint), info.model_name, settings.include_usage)
+
+def reservation(plan: Plan, admission: Admission | None) -> int:
+    """Output tokens to reserve: n x max_tokens, or n x the configured cap when max_tokens is the default."""
+    per_sample = plan.sampling.max_tokens
+    if not plan.settings.max_tokens_given and admission is not None:
+        per_sample = min(per_sample, admission.config.default_max_tokens)
+    return plan.sampling.n * per_sample
+
+
+async def serve(request: Request, state: GatewayState, plan: Plan, key: str) -> ASGIApp:
+    """Admit (key and quota: one Redis round trip), submit, then stream or answer whole.
+
+    Settlement runs after the last byte is handed to the server, so it never delays the client.
+    """
+    caller, ticket = await admit(key, state.store, state.admission, len(plan.prompt.token_ids),
+                                 reservation(plan, state.admission))
+    # From here on the request is admitted: every path ends in exactly one gen.close().
+    settings = plan.settings
+    fmt = ResponseFormat(plan.endpoint, new_request_id(plan.endpoint), plan.engine.model_info.model_name,
+                         settings.include_usage)
     gen = Generation(
         request_id=fmt.request_id,
-        prompt_token_ids=prompt.token_ids,
-        sampling=sampling,
+        prompt_token_ids=plan.prompt.token_ids,
+        sampling=plan.sampling,
         stop=settings.stop,
         caller=caller,
         tokenizer=state.prompts.tokenizer,
-        admission=state.admission,
-        max_tokens_given=settings.max_tokens_given,
+        ticket=ticket,
     )
-    await gen.admit()
-    # From here on the request is admitted: every path ends in exactly one gen.close().
     try:
-        await gen.submit(engine)
+        await gen.submit(plan.engine)
     except BaseException:
         await gen.close()
         raise
     if settings.stream:
         return SSEResponse(_stream_events(gen, fmt), on_close=gen.close, headers=gen.response_headers)
     try:
-        return await _whole_response(request, gen, fmt)
-    finally:
+        response = await _whole_response(request, gen, fmt)
+    except BaseException:
         with anyio.CancelScope(shield=True):
             await gen.close()
+        raise
+    return ThenClose(response, gen.close)
+
+
+class ThenClose:
+    """An ASGI response followed by `on_close`, exactly once, even if sending it failed."""
+
+    def __init__(self, response: Response, on_close: Callable[[], Awaitable[None]]) -> None:
+        self._response = response
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await self._response(scope, receive, send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._on_close()
 
 
 async def _stream_events(gen: Generation, fmt: ResponseFormat) -> AsyncIterator[bytes]:

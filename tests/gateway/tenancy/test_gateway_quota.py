@@ -262,3 +262,154 @@ async def test_a_stream_cut_by_the_client_is_charged_for_what_was_sent(tokenizer
     await admission.aclose()
     await redis.aclose()
 
+
+
+def _admin(gw: Gateway, action: Callable[[TenantStore], Any]) -> Any:
+    """Run one admin operation against the gateway's Redis, as the CLI would from another process."""
+    async def run() -> Any:
+        client = connect(gw.redis_url)
+        try:
+            return await action(TenantStore(client, gw.prefix, actor="test"))
+        finally:
+            await client.aclose()
+
+    return asyncio.run(run())
+
+
+def test_revocation_and_suspension_hold_from_the_very_next_request(make_gateway):
+    gw = make_gateway()
+    other, info = _admin(gw, lambda s: s.create_key("acme"))
+    assert gw.chat(key=other, max_tokens=4).status_code == 200
+    _admin(gw, lambda s: s.revoke_key(info.id))
+    refused = gw.chat(key=other, max_tokens=4)
+    assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
+    assert gw.chat(max_tokens=4).status_code == 200
+    _admin(gw, lambda s: s.suspend_tenant("acme"))
+    assert gw.chat(max_tokens=4).status_code == 401
+    _admin(gw, lambda s: s.resume_tenant("acme"))
+    assert gw.chat(max_tokens=4).status_code == 200
+    assert len(gw.engine.submitted) == 3
+
+
+def test_rotation_grace_keeps_the_old_key_and_zero_grace_ends_it_at_once(make_gateway):
+    gw = make_gateway()
+    new, _ = _admin(gw, lambda s: s.rotate_key(gw.key_id, grace_s=60))
+    assert gw.chat(max_tokens=4).status_code == 200 and gw.chat(key=new, max_tokens=4).status_code == 200
+    new_id = _admin(gw, lambda s: s.authenticate(new)).key_id
+    newer, _ = _admin(gw, lambda s: s.rotate_key(new_id, grace_s=0))
+    assert gw.chat(key=new, max_tokens=4).status_code == 401
+    assert gw.chat(key=newer, max_tokens=4).status_code == 200
+
+
+def test_a_bad_key_is_told_401_before_any_other_refusal_and_charged_nothing(make_gateway):
+    gw = make_gateway(rpm=1)
+    wrong = "ps-" + "x" * 43
+    bodies = [{"model": "nope"}, {"max_tokens": -1}, {"max_tokens": 10**6}, {"messages": []}]
+    for key, expected in ((wrong, {401}), (gw.key, {400, 404})):
+        for body in bodies:
+            r = gw.chat(key=key, **body)
+            assert r.status_code in expected, (body, r.status_code, r.text)
+        r = gw.client.post("/v1/chat/completions", content=b"{not json",
+                           headers={"Authorization": f"Bearer {key}", "content-type": "application/json"})
+        assert r.status_code in expected
+    assert gw.engine.submitted == [] and gw.usage() is None
+    ok = gw.chat(max_tokens=4)  # the one request a minute was spent on none of the refusals above
+    assert ok.status_code == 200 and ok.headers["x-ratelimit-remaining-requests"] == "0"
+    assert gw.chat(key=wrong, max_tokens=4).status_code == 401  # quota spent: a bad key still hears 401
+
+
+def test_a_dead_engine_is_503_for_a_good_key_and_401_for_a_bad_one(make_gateway):
+    gw = make_gateway()
+    gw.engine.dead = True
+    assert gw.chat(key="ps-" + "x" * 43, max_tokens=4).status_code == 401
+    assert gw.chat(max_tokens=4).status_code == 503
+
+
+async def _asgi_call(state: GatewayState, key: str, body: bytes,
+                     send_failure: BaseException | None = None) -> tuple[list[dict[str, Any]], list[str]]:
+    """One request straight through the ASGI app: (messages sent, a log of what happened in order).
+
+    At the send of the final body the log records how many usage rows Redis holds;
+    `send_failure` is raised from that send (a socket that broke under it)."""
+    events: list[str] = []
+    sent: list[dict[str, Any]] = []
+    pending = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def receive() -> dict[str, Any]:
+        events.append("receive")
+        if pending:
+            return pending.pop(0)
+        await asyncio.Event().wait()  # the client stays connected
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            events.append(f"final body sent, usage rows {len(await _usage(state))}")
+            if send_failure is not None:
+                raise send_failure
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers":
+             [(b"authorization", f"Bearer {key}".encode()), (b"content-type", b"application/json"),
+              (b"content-length", str(len(body)).encode())],
+             "query_string": b"", "http_version": "1.1", "scheme": "http", "server": ("t", 80),
+             "client": ("c", 1), "root_path": "", "state": {"gateway": state}}
+    with contextlib.suppress(OSError):
+        await asyncio.wait_for(create_app(GatewayConfig())(scope, receive, send), 5)
+    return sent, events
+
+
+async def _usage(state: GatewayState) -> list[UsageRow]:
+    assert state.admission is not None
+    today = dt.datetime.now(dt.UTC).date()
+    return await UsageReader(state.admission.redis, state.admission.prefix).read("tenant", ["acme"], today, today)
+
+
+@contextlib.asynccontextmanager
+async def _state(tokenizer: Any, redis_url: str, **limits: int | None) -> AsyncIterator[tuple[GatewayState, str]]:
+    """The gateway's state around the fake engine, and the key of tenant acme with `limits`."""
+    prefix = "a" + secrets.token_hex(4)
+    key, _ = await _tenant(redis_url, prefix, limits)
+    redis = connect(redis_url)
+    store = TenantStore(redis, prefix=prefix, actor="test")
+    admission = Admission(redis, prefix=prefix)
+    engine = FakeEngine(lambda r: Script([TOKENS] * r.sampling.n))
+    try:
+        yield GatewayState(GatewayConfig(), FakeEngineSource(engine), Prompts(tokenizer), store, store, admission), key
+    finally:
+        await admission.aclose()
+        await redis.aclose()
+
+
+CHAT_8 = json.dumps({**CHAT, "max_tokens": 8}).encode()
+
+
+@pytest.mark.anyio
+async def test_a_large_body_with_a_bad_key_is_never_read(tokenizer, redis_url):
+    big = json.dumps({**CHAT, "messages": [{"role": "user", "content": "x" * 20_000}]}).encode()
+    async with _state(tokenizer, redis_url) as (state, _):
+        sent, events = await _asgi_call(state, "ps-" + "x" * 43, big)
+    assert sent[0]["status"] == 401 and "receive" not in events
+
+
+@pytest.mark.anyio
+async def test_the_whole_response_is_sent_before_settlement_which_happens_once(tokenizer, redis_url):
+    async with _state(tokenizer, redis_url, concurrency=1) as (state, key):
+        first, events = await _asgi_call(state, key, CHAT_8)
+        assert first[0]["status"] == 200 and "final body sent, usage rows 0" in events  # not settled yet ...
+        assert len(await _usage(state)) == 1  # ... and settled by the time the request is over
+        second, events = await _asgi_call(state, key, CHAT_8)  # concurrency 1: the first one's slot is free
+        assert second[0]["status"] == 200
+        rows = await _usage(state)
+    completion = json.loads(b"".join(m.get("body", b"") for m in second[1:]))["usage"]["completion_tokens"]
+    assert (rows[0].requests, rows[0].completion_tokens) == (2, 2 * completion)
+
+
+@pytest.mark.anyio
+async def test_settlement_happens_even_when_sending_the_response_fails(tokenizer, redis_url):
+    async with _state(tokenizer, redis_url, concurrency=1) as (state, key):
+        _, events = await _asgi_call(state, key, CHAT_8, send_failure=OSError("broken pipe"))
+        assert "final body sent, usage rows 0" in events
+        rows = await _usage(state)
+        after, _ = await _asgi_call(state, key, CHAT_8)  # its concurrency slot was released too
+    assert rows[0].requests == 1 and after[0]["status"] == 200
