@@ -14,11 +14,13 @@ def test_bench_admission_prints_a_table_and_writes_json(tmp_path: Path):
                            "--seconds", "0.5", "--concurrency", "4", "--json", str(out)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    for row in ("authenticate", "admit", "settle", "total", "redis PING", "throughput"):
+    for row in ("authenticate+admit (1 trip)", "settle (after the response)", "redis PING", "before: authenticate",
+                "throughput"):
         assert row in proc.stdout
+    assert proc.stdout.rstrip().splitlines()[-1].startswith("before: authenticate")  # a table comes last
     result = json.loads(out.read_text())
-    total = result["latency"]["total"]
-    assert 0 < total["p50_ms"] <= total["p99_ms"]
+    waits = result["latency"]["authenticate+admit"]
+    assert 0 < waits["p50_ms"] <= waits["p99_ms"]
     assert result["throughput_rps"] > 0 and result["script_us_per_call"] > 0
     assert result["gateway"] is None
 
@@ -30,4 +32,7 @@ def test_bench_admission_through_the_gateway_with_a_noop_engine(tmp_path: Path):
                           capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr
     assert "request failed" not in proc.stdout + proc.stderr
-    assert json.loads(out.read_text())["gateway"] is not None
+    gateway = json.loads(out.read_text())["gateway"]
+    assert gateway["on"]["rps"] > 0 and gateway["off"]["rps"] > 0
+    assert set(gateway["inside"]) == {"authenticate+admit", "settle"}  # timed inside the gateway process
+    assert proc.stdout.rstrip().splitlines()[-1].startswith("in gateway: settle")
