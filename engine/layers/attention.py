@@ -20,9 +20,9 @@ import torch
 from torch import nn
 
 from engine.layers.linear import linear, pack
-from engine.layers.rotary import apply_rotary
 from kernels import cpu_attention
 from kernels.cpu_attention import AttentionPlan
+from kernels.fused_ops import rotate_qk
 
 
 @dataclass(frozen=True)
@@ -111,7 +111,7 @@ class Attention(nn.Module):
         t = x.shape[0]
         qkv = linear(x, self.qkv_weight, self.qkv_packed, self.qkv_bias)  # (T, q_size + 2 kv_size)
         qk = qkv[:, : self.q_size + self.kv_size].view(t, self.num_heads + self.num_kv_heads, self.head_dim)
-        qk = apply_rotary(qk, cos, sin_signed)  # q and k heads rotated together
+        qk = rotate_qk(qk, cos, sin_signed)  # q and k heads rotated together (in place on the C path)
         q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]  # (T, n_q, hd), (T, n_kv, hd)
         v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, self.head_dim)  # (T, n_kv, hd)
         o = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)  # (T, n_q, hd)

@@ -1,12 +1,12 @@
-"""SwiGLU feed-forward: down(silu(gate(x)) * up(x)), gate and up fused into one product."""
+"""SwiGLU feed-forward: down(silu(gate(x)) * up(x)), gate and up fused into one product, read once."""
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from engine.layers.linear import linear, pack
+from kernels.fused_ops import silu_and_mul
 
 
 class GatedMLP(nn.Module):
@@ -25,5 +25,4 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (T, H) -> (T, H)
         gate_up = linear(x, self.gate_up_weight, self.gate_up_packed)  # (T, 2 I)
-        gate, up = gate_up[:, : self.intermediate_size], gate_up[:, self.intermediate_size :]
-        return linear(F.silu(gate) * up, self.down_weight, self.down_packed)
+        return linear(silu_and_mul(gate_up), self.down_weight, self.down_packed)  # (T, I) -> (T, H)

@@ -1,10 +1,11 @@
-"""RMSNorm (Llama's): x / rms(x) * weight, statistics in float32."""
+"""RMSNorm (Llama's): x / rms(x) * weight, statistics in float32, optionally fused with the residual add."""
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from kernels.fused_ops import fused_add_rms_norm, rms_norm
 
 
 class RMSNorm(nn.Module):
@@ -14,9 +15,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (T, H) -> (T, H)
-        if x.dtype == torch.float32:
-            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)  # one fused op
-        # Half precision: normalise in float32, round, then scale (what HF does, so outputs match).
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        return rms_norm(x, self.weight, self.eps)
+
+    def add_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(residual + x), residual + x), both (T, H); x and residual may be overwritten."""
+        return fused_add_rms_norm(x, residual, self.weight, self.eps)

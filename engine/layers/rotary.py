@@ -2,7 +2,8 @@
 
 cos/sin are tabulated once for every position up to max_position, in float32 as
 HF computes them, then rounded to the model dtype. A step looks its positions up
-once (`lookup`) and every layer reuses the result.
+once (`lookup`) and every layer reuses the result; kernels/fused_ops.py
+`rotate_qk` applies it.
 
 Rotation of x = [x1 | x2] (two halves of head_dim):
     x * [cos | cos] + [x2 | x1] * [-sin | sin]   ==   HF's  x * cos + rotate_half(x) * sin
@@ -64,9 +65,3 @@ class RotaryEmbedding:
         """(T,) positions -> cos, signed sin, each (T, 1, hd) ready to broadcast over heads."""
         return self.cos[positions].unsqueeze(1), self.sin_signed[positions].unsqueeze(1)
 
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
-    """x (T, heads, hd) rotated by its positions' angles; returns a new contiguous tensor."""
-    half = x.shape[-1] // 2
-    swapped = torch.cat((x[..., half:], x[..., :half]), dim=-1)  # [x2 | x1]
-    return x * cos + swapped * sin_signed

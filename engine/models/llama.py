@@ -5,6 +5,9 @@
                       x = x + mlp(norm(x))
     sampled rows only: logits = lm_head(norm(x[rows]))   (N, V): the vocab product is the
                                                          costliest shape, never run per prompt token
+Each residual add is fused into the norm that follows it (vLLM's pattern): a
+layer takes and returns (h, residual), where the stream above is x = h + residual,
+and `RMSNorm.add_norm` does residual += h; h = norm(residual) in one pass.
 The batch is flat: T tokens of many requests, positions given per token; which
 rows belong to which request is the attention metadata's business. The model
 also owns its cost arithmetic (`LlamaShape.kv_bytes_per_token`, `flops_per_token`).
@@ -100,9 +103,15 @@ class DecoderLayer(nn.Module):
         self.post_attn_norm = RMSNorm(s.hidden_size, s.rms_norm_eps, dtype)
         self.mlp = GatedMLP(s.hidden_size, s.intermediate_size, dtype)
 
-    def forward(self, x, cos, sin_signed, kv_cache, meta, paged_attention):  # type: ignore[no-untyped-def]
-        x = x + self.attn(self.input_norm(x), cos, sin_signed, kv_cache, meta, paged_attention)  # (T, H)
-        return x + self.mlp(self.post_attn_norm(x))  # (T, H)
+    def forward(self, h, residual, cos, sin_signed, kv_cache, meta, paged_attention):  # type: ignore[no-untyped-def]
+        """(h, residual) -> (h, residual), each (T, H); residual None in the first layer (h is then x)."""
+        if residual is None:
+            h, residual = self.input_norm(h), h
+        else:
+            h, residual = self.input_norm.add_norm(h, residual)
+        h = self.attn(h, cos, sin_signed, kv_cache, meta, paged_attention)
+        h, residual = self.post_attn_norm.add_norm(h, residual)
+        return self.mlp(h), residual
 
 
 class LlamaModel(nn.Module):
@@ -124,11 +133,11 @@ class LlamaModel(nn.Module):
         meta: AttentionMetadata,
         paged_attention: PagedAttentionOp,
     ) -> torch.Tensor:  # (T, H), before the final norm
-        x = F.embedding(input_ids, self.embed)  # (T, H)
+        h, residual = F.embedding(input_ids, self.embed), None  # (T, H)
         cos, sin_signed = self.rotary.lookup(positions)  # (T, 1, hd) each, shared by every layer
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            x = layer(x, cos, sin_signed, kv_cache, meta, paged_attention)
-        return x
+            h, residual = layer(h, residual, cos, sin_signed, kv_cache, meta, paged_attention)
+        return h if residual is None else residual + h
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # (N, H) sampled rows -> (N, V) float32
         return F.linear(self.norm(hidden), self.lm_head).float()

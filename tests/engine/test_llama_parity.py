@@ -14,6 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from engine.testing import tiny_llama_folder
+from kernels import cpu_fused
 from shared.sampling import SamplingParams
 from tests.engine.model_fixtures import hf_greedy, make_llm, random_prompts, tiny_model
 
@@ -40,6 +41,12 @@ def _check_parity(folder: Path, lengths: list[int], vocab: int, *, blocks: int, 
 
 
 def test_tiny_llama_matches_hf_generate(tiny_model: Path) -> None:
+    _check_parity(tiny_model, LENGTHS, 512, blocks=40, block_size=4, budget=24)
+
+
+def test_tiny_llama_matches_hf_on_the_pytorch_elementwise_path(tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the C norm/SiLU/rotary kernels (no compiler): the layers' residual stream still matches HF."""
+    monkeypatch.setattr(cpu_fused, "load", lambda: None)
     _check_parity(tiny_model, LENGTHS, 512, blocks=40, block_size=4, budget=24)
 
 
