@@ -49,9 +49,7 @@ def load_model(config: ModelConfig) -> LoadedModel:
     model.rotary.cos = model.rotary.cos.to(config.device)
     model.rotary.sin_signed = model.rotary.sin_signed.to(config.device)
     model.eval()
-    for layer in model.layers:  # after the move: packed layouts are device-specific
-        layer.attn.pack_weights()
-        layer.mlp.pack_weights()
+    model.pack_weights()  # after the move: packed layouts are device-specific
     return LoadedModel(model, shape, files.name, files.path, max_len, _eos_token_id(files))
 
 

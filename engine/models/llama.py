@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.layers.attention import Attention, AttentionMetadata, PagedAttentionOp
+from engine.layers.linear import linear, pack
 from engine.layers.mlp import GatedMLP
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding
@@ -123,6 +124,7 @@ class LlamaModel(nn.Module):
         self.norm = RMSNorm(shape.hidden_size, shape.rms_norm_eps, dtype)
         # Tied models share the embedding matrix (the loader points lm_head at it).
         self.lm_head = nn.Parameter(torch.empty(0, dtype=dtype), requires_grad=False)
+        self.lm_head_packed: torch.Tensor | None = None
         self.rotary = RotaryEmbedding(shape.head_dim, max_position, shape.rope_theta, shape.rope_scaling, dtype)
 
     def forward(
@@ -139,5 +141,16 @@ class LlamaModel(nn.Module):
             h, residual = layer(h, residual, cos, sin_signed, kv_cache, meta, paged_attention)
         return h if residual is None else residual + h
 
+    def pack_weights(self) -> None:
+        """Prepack every projection once the weights are loaded and moved (engine/layers/linear.py).
+
+        lm_head too: its packed copy is extra memory for a tied model (one more embedding
+        matrix), but the vocab product is the costliest shape and runs every step.
+        """
+        for layer in self.layers:
+            layer.attn.pack_weights()
+            layer.mlp.pack_weights()
+        self.lm_head_packed = pack(self.lm_head)
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # (N, H) sampled rows -> (N, V) float32
-        return F.linear(self.norm(hidden), self.lm_head).float()
+        return linear(self.norm(hidden), self.lm_head, self.lm_head_packed).float()
