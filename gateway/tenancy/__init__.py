@@ -9,6 +9,8 @@ The gateway imports from here only:
     TenancyUnavailable -> 503             QuotaExceeded -> 429 (body(), headers)
 
 Admin operations (CLI and /admin routes) go through `admin_ops.AdminOps`.
+Admission's scripts run over one pipelined connection per process
+(`script_channel.py`); everything else uses the redis-py client.
 Redis is the only state; admission fails closed when it is unreachable (there
 is no local fallback: authentication needs Redis too).
 

@@ -21,7 +21,8 @@ themselves `lease_s` later. `settle` charges what the client was actually sent,
 refunds the rest of the reservation (never more), records usage, and releases
 the lease; a second settle of the same reservation changes nothing. If Redis
 is down at settle time the settlement is retried in the background.
-Nothing here imports the HTTP app.
+The scripts run over one pipelined connection (`script_channel.py`; redis-py's
+EVALSHA for TLS clients). Nothing here imports the HTTP app.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -39,6 +40,7 @@ from gateway.tenancy import keys
 from gateway.tenancy.errors import InvalidArgument, QuotaExceeded, TenancyUnavailable
 from gateway.tenancy.limiter_lua import ADMIT, AUTH_ADMIT, HEARTBEAT, SETTLE
 from gateway.tenancy.redis_conn import ping, text, unavailable_on_failure
+from gateway.tenancy.script_channel import Script, ScriptChannel
 from gateway.tenancy.store import AuthContext, auth_context
 from gateway.tenancy.tiers import DEFAULT_TIER, TIERS
 
@@ -155,12 +157,22 @@ class Admission:
         self.redis = client
         self.prefix = prefix
         self.config = config or AdmissionConfig()
-        self._admit = client.register_script(ADMIT)
-        self._auth_admit = client.register_script(AUTH_ADMIT)
-        self._heartbeat = client.register_script(HEARTBEAT)
-        self._settle = client.register_script(SETTLE)
+        self._channel = ScriptChannel.for_client(client)
+        self._admit = self._script(ADMIT)
+        self._auth_admit = self._script(AUTH_ADMIT)
+        self._heartbeat = self._script(HEARTBEAT)
+        self._settle = self._script(SETTLE)
         self._tasks: set[asyncio.Task[None]] = set()
         self._times = [int(self.config.lease_s * 1000), int(self.config.reservation_ttl_s * 1000)]
+
+    def _script(self, source: str) -> Callable[[list[Any]], Awaitable[Any]]:
+        """`run(args)` for one script: over the pipelined channel, or redis-py's EVALSHA where there is none."""
+        channel = self._channel
+        if channel is None:
+            registered = self.redis.register_script(source)
+            return lambda args: registered(args=args)
+        script = Script(source)
+        return lambda args: channel.run(script, args)
 
     async def ping(self) -> bool:
         """True when Redis answers (for /health); never raises."""
@@ -178,7 +190,7 @@ class Admission:
         args: list[str | int] = [self.prefix, auth.tenant, auth.key_id, rid, prompt_tokens, output,
                                  *self._times, *tier.limits.as_args()]
         with unavailable_on_failure():
-            reply = await self._admit(args=args)
+            reply = await self._admit(args)
         return self._ticket(reply, rid, auth, prompt_tokens, output)
 
     async def admit_key(self, plaintext: str, prompt_tokens: int,
@@ -196,7 +208,7 @@ class Admission:
         rid = uuid.uuid4().hex
         args = [self.prefix, keys.hash_key(plaintext), rid, prompt_tokens, output, *self._times, *_TIER_ARGS]
         with unavailable_on_failure():
-            reply = await self._auth_admit(args=args)
+            reply = await self._auth_admit(args)
         if int(reply[0]) == -1:
             return None
         key_id, tenant, tenant_id, tier, salt = (text(x) for x in reply[-5:])
@@ -221,7 +233,7 @@ class Admission:
     async def heartbeat(self, reservation_id: str) -> bool:
         """Extend the reservation's leases by lease_s; False if it holds none (settled, expired or unlimited)."""
         with unavailable_on_failure():
-            return bool(await self._heartbeat(args=[self.prefix, reservation_id, int(self.config.lease_s * 1000)]))
+            return bool(await self._heartbeat([self.prefix, reservation_id, int(self.config.lease_s * 1000)]))
 
     async def settle_reservation(self, reservation_id: str, prompt_tokens: int, completion_tokens: int,
                                  cached_tokens: int = 0, error: bool = False) -> Settlement:
@@ -233,7 +245,7 @@ class Admission:
                                  min(cached_tokens, prompt_tokens), int(error),
                                  int(self.config.settled_ttl_s * 1000)]
         with unavailable_on_failure():
-            status, charged, refunded = (int(x) for x in await self._settle(args=args))
+            status, charged, refunded = (int(x) for x in await self._settle(args))
         return Settlement({1: "settled", 0: "already", -1: "unknown"}[status], charged, refunded)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
@@ -243,11 +255,13 @@ class Admission:
         return task
 
     async def aclose(self) -> None:
-        """Stop heartbeats and pending settlement retries (lifespan shutdown)."""
+        """Stop heartbeats and pending settlement retries, close the channel (lifespan shutdown)."""
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if self._channel is not None:
+            await self._channel.aclose()
 
 
 class Ticket:
