@@ -153,11 +153,13 @@ def rejection(fields: list[int | str], headers: dict[str, str]) -> QuotaExceeded
 
 
 class Admission:
-    def __init__(self, client: aioredis.Redis, prefix: str = "ps", config: AdmissionConfig | None = None) -> None:
+    def __init__(self, client: aioredis.Redis, prefix: str = "ps", config: AdmissionConfig | None = None,
+                 pipelined: bool = True) -> None:
+        """pipelined=False runs the scripts through the redis-py client, as TLS clients always do."""
         self.redis = client
         self.prefix = prefix
         self.config = config or AdmissionConfig()
-        self._channel = ScriptChannel.for_client(client)
+        self._channel = ScriptChannel.for_client(client) if pipelined else None
         self._admit = self._script(ADMIT)
         self._auth_admit = self._script(AUTH_ADMIT)
         self._heartbeat = self._script(HEARTBEAT)

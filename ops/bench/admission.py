@@ -7,20 +7,24 @@ redis-server on a free port unless --redis-url is given):
               quota check and the reservation: one Lua script, one round
               trip; what a request waits for before the engine sees it), then
               settle (one script; the gateway runs it after the response has
-              gone out). A bare PING is timed in the same loop: the floor of
-              one round trip on this host, right now. Then the path as it was
-              before, for comparison in the same run: authenticate, then admit
-              (two round trips).
+              gone out). Timed in the same loop: a bare PING through redis-py
+              (one round trip as every other tenancy call makes it) and an
+              empty script over admission's own pipelined channel (the floor
+              of this path). Then the path as it was before, in the same run:
+              authenticate, then admit (two round trips, both through
+              redis-py's client as they were).
   throughput  --concurrency coroutines in --processes processes doing
               authenticate+admit and settle in a loop for --seconds: checks
               per second (two round trips each, both Lua scripts).
 
   --gateway   the same through the real gateway app over HTTP on loopback
               (`ops/bench/noop_gateway.py`: real routing, chat template, JSON;
-              an engine that answers at once), run twice: tenancy off (no
-              Redis at all) and on. The difference is what tenancy adds per
-              request end to end; the gateway also times its own
-              authenticate+admit and settle steps while it serves.
+              an engine that answers at once), two of them side by side:
+              tenancy off (no Redis at all) and on. Sequential requests take
+              turns between the two, so both see the same host load; the
+              difference is what tenancy adds per request end to end. The
+              "on" gateway also times its own authenticate+admit and settle
+              steps. Then each one's requests/s under --concurrency clients.
 
 The tenant has every limit set (rpm, tokens per minute, concurrency, budgets)
 high enough never to refuse, so every request runs the full script. Target: p99
@@ -48,10 +52,12 @@ from contextlib import contextmanager
 from typing import Any
 
 import httpx
+from redis.asyncio import Redis
 
 from gateway.tenancy import TenantStore, connect
 from gateway.tenancy.admission import Admission
 from gateway.tenancy.quota_store import QuotaStore
+from gateway.tenancy.script_channel import Script, ScriptChannel
 
 BIG = 10**12
 
@@ -113,11 +119,14 @@ async def latency(url: str, prefix: str, key: str, n: int) -> tuple[Steps, float
     client = connect(url)
     store, admission = TenantStore(client, prefix), Admission(client, prefix)
     warm = n // 10  # the first tenth warms connections and the script cache
-    parts: dict[str, list[float]] = {"authenticate+admit": [], "settle": [], "redis PING": []}
-    await client.config_resetstat()
+    channel = ScriptChannel.for_client(client)
+    assert channel is not None, "the bench needs a plain redis:// or unix:// URL"
+    parts: dict[str, list[float]] = {"authenticate+admit": [], "settle": [], "redis PING": [], EMPTY: []}
     for i in range(n + warm):
         tp = time.perf_counter()
         await client.ping()
+        te = time.perf_counter()
+        await channel.run(NOTHING, [])
         t0 = time.perf_counter()
         admitted = await admission.admit_key(key, 100, 50)
         t1 = time.perf_counter()
@@ -125,27 +134,44 @@ async def latency(url: str, prefix: str, key: str, n: int) -> tuple[Steps, float
         await admitted[1].settle(100, 20)
         t2 = time.perf_counter()
         if i >= warm:
-            for name, value in (("redis PING", t0 - tp), ("authenticate+admit", t1 - t0), ("settle", t2 - t1)):
+            for name, value in (("redis PING", te - tp), (EMPTY, t0 - te), ("authenticate+admit", t1 - t0),
+                                ("settle", t2 - t1)):
                 parts[name].append(value * 1000)
-    script_us = float((await client.info("commandstats"))["cmdstat_evalsha"]["usec_per_call"])
+    await channel.aclose()
+    script_us = await _script_us(client, admission, key, n)
     before: list[float] = []
+    as_before = Admission(client, prefix, pipelined=False)  # the scripts through redis-py, as they were
     for i in range(n + warm):
         t0 = time.perf_counter()
         auth = await store.authenticate(key)
         assert auth is not None
-        ticket = await admission.admit(auth, 100, 50)
+        ticket = await as_before.admit(auth, 100, 50)
         t1 = time.perf_counter()
         await ticket.settle(100, 20)
         if i >= warm:
             before.append((t1 - t0) * 1000)
     parts[BEFORE] = before
+    await as_before.aclose()
     await admission.aclose()
     await client.aclose()
     return {name: summary(v) for name, v in parts.items()}, script_us
 
 
 BEFORE = "before: authenticate, admit"
-"""The path as it was: two round trips before the engine (the same scripts' work, split)."""
+"""The path as it was: two round trips through redis-py before the engine (the same scripts' work, split)."""
+EMPTY = "empty script"
+NOTHING = Script("return 0")
+"""One round trip over the admission channel that does no work: the floor of our own path."""
+
+
+async def _script_us(client: Redis, admission: Admission, key: str, n: int) -> float:
+    """Redis's own mean time per call of authenticate+admit and settle (microseconds)."""
+    await client.config_resetstat()
+    for _ in range(n // 4):
+        admitted = await admission.admit_key(key, 100, 50)
+        assert admitted is not None
+        await admitted[1].settle(100, 20)
+    return float((await client.info("commandstats"))["cmdstat_evalsha"]["usec_per_call"])
 
 
 async def _loop(url: str, prefix: str, key: str, concurrency: int, seconds: float) -> int:
@@ -213,44 +239,61 @@ def noop_gateway(url: str, prefix: str, mode: str, steps_path: str, record: int)
         proc.wait()
 
 
-async def http_run(base: str, key: str, n: int, concurrency: int, seconds: float) -> tuple[list[float], float]:
-    """Sequential latencies (ms) of n requests, then requests/s with `concurrency` clients for `seconds`."""
+async def post(client: httpx.AsyncClient) -> None:
+    r = await client.post("/v1/chat/completions", json=CHAT)
+    if r.status_code != 200:
+        raise SystemExit(f"bench request failed: {r.status_code} {r.text}")
+
+
+async def alternating(bases: dict[str, str], key: str, n: int) -> dict[str, list[float]]:
+    """Latencies (ms) of n sequential requests to each gateway, taking turns, so both see the same host load."""
+    headers = {"Authorization": f"Bearer {key}"}
+    clients = {mode: httpx.AsyncClient(base_url=base, headers=headers, timeout=30) for mode, base in bases.items()}
+    latencies: dict[str, list[float]] = {mode: [] for mode in bases}
+    try:
+        for i in range(n + n // 10):
+            for mode, client in clients.items():
+                t0 = time.perf_counter()
+                await post(client)
+                if i >= n // 10:
+                    latencies[mode].append((time.perf_counter() - t0) * 1000)
+    finally:
+        for client in clients.values():
+            await client.aclose()
+    return latencies
+
+
+async def requests_per_second(base: str, key: str, concurrency: int, seconds: float) -> float:
     headers = {"Authorization": f"Bearer {key}"}
     async with httpx.AsyncClient(base_url=base, headers=headers, timeout=30,
                                  limits=httpx.Limits(max_connections=concurrency)) as client:
-        latencies = []
-        for i in range(n + n // 10):
-            t0 = time.perf_counter()
-            r = await client.post("/v1/chat/completions", json=CHAT)
-            if r.status_code != 200:
-                raise SystemExit(f"bench request failed: {r.status_code} {r.text}")
-            if i >= n // 10:
-                latencies.append((time.perf_counter() - t0) * 1000)
         done = 0
         deadline = time.monotonic() + seconds
 
         async def worker() -> None:
             nonlocal done
             while time.monotonic() < deadline:
-                r = await client.post("/v1/chat/completions", json=CHAT)
-                if r.status_code != 200:
-                    raise SystemExit(f"bench request failed: {r.status_code} {r.text}")
+                await post(client)
                 done += 1
 
         start = time.monotonic()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
-        return latencies, done / (time.monotonic() - start)
+        return done / (time.monotonic() - start)
 
 
 def gateway_bench(url: str, prefix: str, key: str, a: argparse.Namespace) -> dict[str, Any]:
+    """Both gateways up at once: sequential requests alternate between them, then each one's req/s."""
     result: dict[str, Any] = {}
+    warm = a.requests // 10
     with tempfile.TemporaryDirectory(prefix="pageserve-bench-") as tmp:
         steps_path = os.path.join(tmp, "steps.json")
-        warm = a.requests // 10
-        for mode in ("off", "on"):
-            with noop_gateway(url, prefix, mode, steps_path, warm + a.requests) as base:
-                lat, rps = asyncio.run(http_run(base, key, a.requests, a.concurrency, a.seconds))
-            result[mode] = {**summary(lat), "rps": rps}
+        with noop_gateway(url, prefix, "off", "", 0) as off, \
+                noop_gateway(url, prefix, "on", steps_path, warm + a.requests) as on:
+            bases = {"off": off, "on": on}
+            lat = asyncio.run(alternating(bases, key, a.requests))
+            for mode, base in bases.items():
+                rps = asyncio.run(requests_per_second(base, key, a.concurrency, a.seconds))
+                result[mode] = {**summary(lat[mode]), "rps": rps}
         with open(steps_path) as f:
             steps = json.load(f)  # the sequential requests' steps (the concurrent ones are not recorded)
     result["added"] = {q: result["on"][q] - result["off"][q] for q in ("p50_ms", "p99_ms", "mean_ms")}
@@ -262,14 +305,15 @@ def print_direct(lat: Steps, url: str, a: argparse.Namespace) -> None:
     print(f"\nadmission path on {url.split('@')[-1]} ({a.requests} sequential requests)")
     print(f"{'step':<32}{'p50 ms':>9}{'p99 ms':>9}{'mean ms':>9}")
     labels = {"authenticate+admit": "authenticate+admit (1 trip)", "settle": "settle (after the response)",
-              "redis PING": "redis PING (1 trip)", BEFORE: "before: authenticate, admit"}
+              "redis PING": "redis PING (redis-py)", EMPTY: "empty script (1 trip)",
+              BEFORE: "before: authenticate, admit"}
     for name, v in lat.items():
         print(f"{labels[name]:<32}{v['p50_ms']:>9.3f}{v['p99_ms']:>9.3f}{v['mean_ms']:>9.3f}")
 
 
 def print_gateway(result: dict[str, Any], a: argparse.Namespace) -> None:
-    print(f"\nthrough the gateway (HTTP on loopback, no-op engine; {a.requests} sequential requests, "
-          f"then {a.concurrency} concurrent clients for {a.seconds:g} s)")
+    print(f"\nthrough the gateway (HTTP on loopback, no-op engine; {a.requests} sequential requests to each, "
+          f"taking turns; then {a.concurrency} concurrent clients for {a.seconds:g} s each)")
     print(f"{'tenancy':<32}{'p50 ms':>9}{'p99 ms':>9}{'mean ms':>9}{'req/s':>9}")
     for mode, label in (("off", "off (no Redis)"), ("on", "on")):
         v = result[mode]

@@ -124,7 +124,7 @@ def main(argv: list[str]) -> int:
     import uvicorn
 
     port, redis_url, prefix, mode = int(argv[0]), argv[1], argv[2], argv[3]
-    steps_path, record = (argv[4], int(argv[5])) if len(argv) > 5 else (None, 0)
+    steps_path, record = (argv[4] or None, int(argv[5])) if len(argv) > 5 else (None, 0)
     config = GatewayConfig(redis_url=redis_url, redis_prefix=prefix, port=port)
 
     @contextlib.asynccontextmanager

@@ -14,8 +14,8 @@ def test_bench_admission_prints_a_table_and_writes_json(tmp_path: Path):
                            "--seconds", "0.5", "--concurrency", "4", "--json", str(out)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    for row in ("authenticate+admit (1 trip)", "settle (after the response)", "redis PING", "before: authenticate",
-                "throughput"):
+    for row in ("authenticate+admit (1 trip)", "settle (after the response)", "redis PING", "empty script",
+                "before: authenticate", "throughput"):
         assert row in proc.stdout
     assert proc.stdout.rstrip().splitlines()[-1].startswith("before: authenticate")  # a table comes last
     result = json.loads(out.read_text())
