@@ -10,10 +10,10 @@ A generation request costs one Redis round trip before the engine sees it:
 `admit` hands the key itself to the admission script, which looks it up and
 checks the quotas atomically (`Admission.admit_key`), so the key is verified
 only after the body was read. Two rules keep that cheap and the errors as they
-were: a body over `EARLY_CHECK_BYTES` has its key verified before it is parsed
-(an unauthenticated client never gets a large body parsed and tokenized), and a
-refusal raised before admission (400, 404, 413, engine down) is sent only once
-the key is known good. Routes without quotas (`/v1/models`) use `authenticate`.
+were: a body declared over `EARLY_CHECK_BYTES` (or of unknown length) has its
+key verified before it is read (an unauthenticated client never gets a large
+body parsed and tokenized), and a refusal raised before admission (400, 404,
+413, engine down) is sent only once the key is known good. Routes without quotas (`/v1/models`) use `authenticate`.
 
 Owns reading the header and mapping the tenancy answers to HTTP errors; the
 lookup itself belongs to `gateway/tenancy/`. The key is never logged nor echoed.
@@ -27,14 +27,14 @@ from typing import Protocol
 
 from starlette.requests import Request
 
-from gateway.errors import APIError, AuthenticationError, ServiceUnavailable
+from gateway.errors import AuthenticationError, ServiceUnavailable
 from gateway.tenancy.admission import Admission, Ticket
 from gateway.tenancy.errors import TenancyUnavailable
 from gateway.tenancy.store import AuthContext
 
 EARLY_CHECK_BYTES = 8 * 1024
-"""Bodies larger than this (about 2,000 tokens of text) have their key verified before they are parsed:
-the extra round trip is small next to tokenizing them, and it keeps bad keys from costing that work."""
+"""Bodies declared larger than this (about 2,000 tokens of text) have their key verified before they are
+read: the extra round trip is small next to tokenizing them, and it keeps bad keys from costing that work."""
 
 
 class KeyStore(Protocol):
@@ -100,7 +100,7 @@ async def key_checked_first(request: Request, key: str, store: KeyStore) -> Asyn
         await verify(key, store)
     try:
         yield
-    except APIError:
+    except Exception:  # a 4xx or 503 above all, but an unexpected 500 is no different
         if not verified:
             await verify(key, store)
         raise
