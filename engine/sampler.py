@@ -5,7 +5,8 @@ that asked for it (its SamplingParams, how many tokens it has generated, its EOS
 
     1. min_tokens: rows that have generated fewer than min_tokens get EOS and
        their stop ids masked to -inf (they cannot stop yet).
-    2. greedy rows (temperature 0): one argmax over all of them at once.
+    2. greedy rows (temperature 0): one argmax over all of them at once
+       (kernels/fused_ops.py `argmax_rows`: torch.argmax's result, faster).
     3. random rows: logits / temperature, then top-k and top-p filtering on one
        descending sort (only when a row asks for either), then one draw each
        from the request's own torch.Generator.
@@ -24,6 +25,7 @@ from collections.abc import Iterable
 import torch
 
 from engine.outputs import ScheduledChunk
+from kernels.fused_ops import argmax_rows
 
 
 class Sampler:
@@ -38,7 +40,7 @@ class Sampler:
         tokens = [0] * len(rows)
         greedy = [i for i, c in enumerate(rows) if c.sampling.greedy]
         if greedy:
-            picked = logits[greedy].argmax(dim=-1).tolist() if len(greedy) < len(rows) else logits.argmax(-1).tolist()
+            picked = argmax_rows(logits[greedy] if len(greedy) < len(rows) else logits).tolist()
             for i, t in zip(greedy, picked, strict=True):
                 tokens[i] = t
         random = [i for i, c in enumerate(rows) if not c.sampling.greedy]

@@ -39,6 +39,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--heads", type=int, default=9, help="query heads")
     p.add_argument("--kv-heads", type=int, default=3)
     p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--vocab", type=int, default=49152)
     p.add_argument("--repeat", type=int, default=200, help="timed calls per path, over 5 rounds")
     return p.parse_args(argv)
 
@@ -51,6 +52,7 @@ def cases(a: argparse.Namespace, t: int, native: cpu_fused.NativeFused) -> list[
     qkv = torch.randn(t, (heads + a.kv_heads) * hd)
     qk = qkv[:, : heads * hd].view(t, heads, hd)
     cos, sin = torch.randn(t, 1, hd), torch.randn(t, 1, hd)
+    logits = torch.randn(min(t, 64), a.vocab)  # sampled rows: one per request, at most 64 here
     f = 4  # float32 bytes
     return [
         ("rms_norm", lambda: native.rms_norm(x, w, 1e-5), lambda: rms_norm_reference(x, w, 1e-5), 2 * t * h * f),
@@ -60,6 +62,7 @@ def cases(a: argparse.Namespace, t: int, native: cpu_fused.NativeFused) -> list[
         ("silu_and_mul", lambda: native.silu_and_mul(gate_up), lambda: silu_and_mul_reference(gate_up), 3 * t * i * f),
         ("rotary q|k", lambda: native.rotary_(qk, cos, sin), lambda: rotary_reference(qk, cos, sin),
          2 * t * heads * hd * f + 2 * t * hd * f),
+        ("argmax (N<=64)", lambda: native.argmax(logits), lambda: logits.argmax(-1), logits.numel() * f),
     ]
 
 

@@ -9,6 +9,8 @@ OpenMP spreads over the threads torch uses. float32 only.
     rms_norm       out = x * rsqrt(mean(x^2) + eps) * w
     silu_and_mul   out = silu(gate_up[:, :I]) * gate_up[:, I:]
     rotary         qk = qk * [cos|cos] + [x2|x1] * [-sin|sin]                          (in place)
+    argmax         out[n] = first index of max(x[n]), as torch.argmax (greedy sampling: a
+                   vectorised max, where ATen's argmax compares one element at a time)
 
 Results are meant to equal PyTorch's bit for bit on an AVX2 CPU, so that the
 fused path changes no greedy token: the sum of squares follows the order of
@@ -161,10 +163,12 @@ void silu_and_mul_f32(const float* gate_up, int64_t gu_stride, float* out, int64
         int64_t d = 0;
 #if HAVE_AVX2
         const __m256 one = _mm256_set1_ps(1.f), sign = _mm256_set1_ps(-0.f);
-        for (; d < I / 16 * 16; d += 8) {
-            const __m256 x = _mm256_loadu_ps(g + d);
-            const __m256 silu = _mm256_div_ps(x, _mm256_add_ps(one, exp8(_mm256_xor_ps(x, sign))));
-            _mm256_storeu_ps(o + d, _mm256_mul_ps(silu, _mm256_loadu_ps(u + d)));
+        for (; d < I / 16 * 16; d += 16) {  /* two independent vectors: the exp chains overlap */
+            const __m256 x0 = _mm256_loadu_ps(g + d), x1 = _mm256_loadu_ps(g + d + 8);
+            const __m256 e0 = exp8(_mm256_xor_ps(x0, sign)), e1 = exp8(_mm256_xor_ps(x1, sign));
+            const __m256 s0 = _mm256_div_ps(x0, _mm256_add_ps(one, e0)), s1 = _mm256_div_ps(x1, _mm256_add_ps(one, e1));
+            _mm256_storeu_ps(o + d, _mm256_mul_ps(s0, _mm256_loadu_ps(u + d)));
+            _mm256_storeu_ps(o + d + 8, _mm256_mul_ps(s1, _mm256_loadu_ps(u + d + 8)));
         }
 #endif
         for (; d < I; d++) o[d] = (g[d] / (1.f + expf(-g[d]))) * u[d];
@@ -201,6 +205,41 @@ void rotary_f32(float* qk, int64_t row_stride, const float* cos, const float* si
         }
     }
 }
+
+/* Each row's first index of its maximum, a NaN counting as the maximum: torch.argmax's rules.
+   One vectorised pass finds the maximum (and whether the row has a NaN), a second the index. */
+void argmax_rows_f32(const float* x, int64_t stride, int64_t N, int64_t V, int64_t* out, int nthreads) {
+#pragma omp parallel for num_threads(nthreads) if (N * V >= MIN_PARALLEL) schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+        const float* row = x + n * stride;
+        float m = -INFINITY;
+        int nan = 0;
+        int64_t d = 0;
+#if HAVE_AVX2
+        __m256 mv = _mm256_set1_ps(-INFINITY), unordered = _mm256_setzero_ps();
+        for (; d + 8 <= V; d += 8) {
+            const __m256 v = _mm256_loadu_ps(row + d);
+            mv = _mm256_max_ps(mv, v);
+            unordered = _mm256_or_ps(unordered, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+        }
+        float lanes[8];
+        _mm256_storeu_ps(lanes, mv);
+        for (int k = 0; k < 8; k++) m = lanes[k] > m ? lanes[k] : m;
+        nan = _mm256_movemask_ps(unordered) != 0;
+#endif
+        for (; d < V; d++) {
+            nan |= isnan(row[d]);
+            m = row[d] > m ? row[d] : m;
+        }
+        int64_t at = 0;
+        if (nan) {
+            while (!isnan(row[at])) at++;
+        } else {
+            while (row[at] != m) at++;
+        }
+        out[n] = at;
+    }
+}
 """
 
 
@@ -214,6 +253,7 @@ class NativeFused:
             "add_rms_norm_f32": [p, p, p, i, i, f, n],
             "silu_and_mul_f32": [p, i, p, i, i, n],
             "rotary_f32": [p, i, p, p, i, i, i, i, n],
+            "argmax_rows_f32": [p, i, i, i, p, n],
         }
         for name, argtypes in signatures.items():
             fn = getattr(lib, name)
@@ -251,6 +291,14 @@ class NativeFused:
         assert cos.stride(1) == sin_signed.stride(1) == 1 and cos.stride(0) == sin_signed.stride(0)
         self._lib.rotary_f32(qk.data_ptr(), qk.stride(0), cos.data_ptr(), sin_signed.data_ptr(), cos.stride(0), t,
                              heads, hd, _threads())
+
+
+    def argmax(self, x: torch.Tensor) -> torch.Tensor:  # (N, V) -> (N,) int64
+        n, v = x.shape
+        assert x.dtype == torch.float32 and x.stride(1) == 1 and v > 0
+        out = torch.empty(n, dtype=torch.int64)
+        self._lib.argmax_rows_f32(x.data_ptr(), x.stride(0), n, v, out.data_ptr(), _threads())
+        return out
 
 
 def _check_rows(x: torch.Tensor, weight: torch.Tensor) -> None:

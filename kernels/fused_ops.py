@@ -53,6 +53,14 @@ def rotate_qk(qk: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> 
     return qk
 
 
+def argmax_rows(x: torch.Tensor) -> torch.Tensor:  # (N, V) -> (N,) int64
+    """Each row's first index of its maximum (NaN counts as the maximum), as torch.argmax(-1)."""
+    native = _native(x)
+    if native is None or x.dim() != 2 or x.stride(1) != 1 or x.shape[1] == 0:
+        return x.argmax(-1)
+    return native.argmax(x)
+
+
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if x.dtype == torch.float32:
         return F.rms_norm(x, weight.shape, weight, eps)

@@ -94,6 +94,26 @@ def test_rotary_in_place_on_a_slice_of_qkv(native: cpu_fused.NativeFused, rows: 
     assert torch.equal(qkv[:, heads * head_dim :], v_before)
 
 
+@pytest.mark.parametrize("vocab", [49152, 100, 13, 1])
+@pytest.mark.parametrize("rows", [1, 7, 64])
+def test_argmax(native: cpu_fused.NativeFused, rows: int, vocab: int) -> None:
+    logits = _randn(rows, vocab, seed=21, scale=5.0)
+    assert torch.equal(native.argmax(logits), logits.argmax(-1))
+
+
+def test_argmax_follows_torch_on_ties_infinities_and_nan(native: cpu_fused.NativeFused) -> None:
+    logits = torch.zeros(6, 37)
+    logits[0, [5, 30]] = 2.0  # a tie: the first index
+    logits[1] = float("-inf")  # nothing but -inf: index 0
+    logits[2, [3, 20]] = float("inf")
+    logits[3, 33], logits[3, 35] = 9.0, float("nan")  # a NaN beats any number
+    logits[4, [17, 8]] = float("nan")
+    logits[5, 0], logits[5, 1] = -0.0, 0.0  # -0 == +0: the first
+    assert native.argmax(logits).tolist() == logits.argmax(-1).tolist() == [5, 0, 3, 35, 8, 0]
+    strided = _randn(5, 2 * 50, seed=22)[:, :50]
+    assert torch.equal(native.argmax(strided), strided.argmax(-1))
+
+
 def test_without_the_library_every_op_is_its_reference(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cpu_fused, "load", lambda: None)
     x, residual, w = _randn(7, 100, seed=11), _randn(7, 100, seed=12), _randn(100, seed=13)
@@ -105,6 +125,7 @@ def test_without_the_library_every_op_is_its_reference(monkeypatch: pytest.Monke
     assert torch.equal(fused_ops.silu_and_mul(gate_up), silu_and_mul_reference(gate_up))
     qk, cos, sin = _randn(7, 3, 16, seed=15), _randn(7, 1, 16, seed=16), _randn(7, 1, 16, seed=17)
     assert torch.equal(fused_ops.rotate_qk(qk.clone(), cos, sin), rotary_reference(qk, cos, sin))
+    assert torch.equal(fused_ops.argmax_rows(gate_up), gate_up.argmax(-1))
 
 
 def test_other_dtypes_keep_the_reference() -> None:
