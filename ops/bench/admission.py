@@ -24,7 +24,8 @@ redis-server on a free port unless --redis-url is given):
               turns between the two, so both see the same host load; the
               difference is what tenancy adds per request end to end. The
               "on" gateway also times its own authenticate+admit and settle
-              steps. Then each one's requests/s under --concurrency clients.
+              steps. Then each one's requests/s under --concurrency clients
+              (--seconds each, in two halves: off, on, on, off).
 
 The tenant has every limit set (rpm, tokens per minute, concurrency, budgets)
 high enough never to refuse, so every request runs the full script. Target: p99
@@ -291,9 +292,11 @@ def gateway_bench(url: str, prefix: str, key: str, a: argparse.Namespace) -> dic
                 noop_gateway(url, prefix, "on", steps_path, warm + a.requests) as on:
             bases = {"off": off, "on": on}
             lat = asyncio.run(alternating(bases, key, a.requests))
-            for mode, base in bases.items():
-                rps = asyncio.run(requests_per_second(base, key, a.concurrency, a.seconds))
-                result[mode] = {**summary(lat[mode]), "rps": rps}
+            rps: dict[str, list[float]] = {"off": [], "on": []}
+            for mode in ("off", "on", "on", "off"):  # ABBA: neither gets the first (or last) turn only
+                rps[mode].append(asyncio.run(requests_per_second(bases[mode], key, a.concurrency, a.seconds / 2)))
+            for mode in bases:
+                result[mode] = {**summary(lat[mode]), "rps": statistics.fmean(rps[mode])}
         with open(steps_path) as f:
             steps = json.load(f)  # the sequential requests' steps (the concurrent ones are not recorded)
     result["added"] = {q: result["on"][q] - result["off"][q] for q in ("p50_ms", "p99_ms", "mean_ms")}
@@ -313,7 +316,7 @@ def print_direct(lat: Steps, url: str, a: argparse.Namespace) -> None:
 
 def print_gateway(result: dict[str, Any], a: argparse.Namespace) -> None:
     print(f"\nthrough the gateway (HTTP on loopback, no-op engine; {a.requests} sequential requests to each, "
-          f"taking turns; then {a.concurrency} concurrent clients for {a.seconds:g} s each)")
+          f"taking turns; then {a.concurrency} concurrent clients for {a.seconds:g} s each, ABBA)")
     print(f"{'tenancy':<32}{'p50 ms':>9}{'p99 ms':>9}{'mean ms':>9}{'req/s':>9}")
     for mode, label in (("off", "off (no Redis)"), ("on", "on")):
         v = result[mode]
