@@ -82,21 +82,26 @@ async def serve(request: Request, state: GatewayState, plan: Plan, key: str) -> 
 
     Settlement runs after the last byte is handed to the server, so it never delays the client.
     """
-    caller, ticket = await admit(key, state.store, state.admission, len(plan.prompt.token_ids),
-                                 reservation(plan, state.admission))
-    # From here on the request is admitted: every path ends in exactly one gen.close().
     settings = plan.settings
     fmt = ResponseFormat(plan.endpoint, new_request_id(plan.endpoint), plan.engine.model_info.model_name,
                          settings.include_usage)
-    gen = Generation(
-        request_id=fmt.request_id,
-        prompt_token_ids=plan.prompt.token_ids,
-        sampling=plan.sampling,
-        stop=settings.stop,
-        caller=caller,
-        tokenizer=state.prompts.tokenizer,
-        ticket=ticket,
-    )
+    caller, ticket = await admit(key, state.store, state.admission, len(plan.prompt.token_ids),
+                                 reservation(plan, state.admission))
+    # From here on the request is admitted: every path ends in exactly one settlement (gen.close()).
+    try:
+        gen = Generation(
+            request_id=fmt.request_id,
+            prompt_token_ids=plan.prompt.token_ids,
+            sampling=plan.sampling,
+            stop=settings.stop,
+            caller=caller,
+            tokenizer=state.prompts.tokenizer,
+            ticket=ticket,
+        )
+    except BaseException:
+        if ticket is not None:
+            await ticket.settle(0, 0, error=True)
+        raise
     try:
         await gen.submit(plan.engine)
     except BaseException:
