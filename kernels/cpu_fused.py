@@ -292,7 +292,6 @@ class NativeFused:
         self._lib.rotary_f32(qk.data_ptr(), qk.stride(0), cos.data_ptr(), sin_signed.data_ptr(), cos.stride(0), t,
                              heads, hd, _threads())
 
-
     def argmax(self, x: torch.Tensor) -> torch.Tensor:  # (N, V) -> (N,) int64
         n, v = x.shape
         assert x.dtype == torch.float32 and x.stride(1) == 1 and v > 0
