@@ -26,7 +26,7 @@ import asyncio
 import collections
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import hiredis
 import redis.asyncio as aioredis
@@ -53,8 +53,8 @@ class _Protocol(asyncio.Protocol):
         self.closed = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # A stream transport, but not always a subclass of asyncio.Transport (uvloop's TCPTransport isn't).
+        self.transport = cast(asyncio.Transport, transport)
 
     def send(self, args: tuple[Any, ...]) -> asyncio.Future[Any]:
         assert self.transport is not None

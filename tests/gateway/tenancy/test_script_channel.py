@@ -121,3 +121,26 @@ async def test_tls_clients_get_no_channel():
     client = connect("rediss://127.0.0.1:6390/0")
     assert ScriptChannel.for_client(client) is None  # admission falls back to redis-py's EVALSHA
     await client.aclose()
+
+
+async def test_a_transport_that_is_not_an_asyncio_transport_subclass_works():
+    """uvloop's TCPTransport (what uvicorn picks when uvloop is installed) does not subclass
+    asyncio.Transport; the channel must take any object with the stream-transport methods."""
+    from gateway.tenancy.script_channel import _Protocol
+
+    class DuckTransport:
+        def __init__(self) -> None:
+            self.sent = b""
+
+        def write(self, data: bytes) -> None:
+            self.sent += data
+
+        def close(self) -> None:
+            pass
+
+    proto, transport = _Protocol(), DuckTransport()
+    proto.connection_made(transport)  # type: ignore[arg-type]
+    waiter = proto.send(("PING",))
+    assert transport.sent == b"*1\r\n$4\r\nPING\r\n"
+    proto.data_received(b"+PONG\r\n")
+    assert await waiter == "PONG"
