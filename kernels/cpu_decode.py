@@ -28,14 +28,10 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import logging
-import subprocess
 
 import torch
 
 from kernels import native_build
-
-log = logging.getLogger("pageserve.kernels")
 
 SUPPORTED = (torch.float32, torch.bfloat16)
 
@@ -323,10 +319,5 @@ class NativeDecode:
 @functools.cache
 def load() -> NativeDecode | None:
     """The compiled kernel, or None when disabled or no C compiler works here."""
-    if not native_build.enabled():
-        return None
-    try:
-        return NativeDecode(native_build.load_library("paged_decode", SOURCE))
-    except (OSError, subprocess.CalledProcessError, FileNotFoundError) as exc:
-        log.warning("native decode attention unavailable (%s); using the PyTorch path", exc)
-        return None
+    lib = native_build.try_load("paged_decode", SOURCE)
+    return None if lib is None else NativeDecode(lib)

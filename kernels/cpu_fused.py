@@ -26,14 +26,10 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import logging
-import subprocess
 
 import torch
 
 from kernels import native_build
-
-log = logging.getLogger("pageserve.kernels")
 
 # native_build.FLAGS minus those that would change results: FMA contraction, reassociation
 # ((x * r) * w into x * (r * w)), x / y computed as x * (1 / y), and sign-of-zero shortcuts.
@@ -312,10 +308,5 @@ def _threads() -> int:
 @functools.cache
 def load() -> NativeFused | None:
     """The compiled kernels, or None when disabled or no C compiler works here."""
-    if not native_build.enabled():
-        return None
-    try:
-        return NativeFused(native_build.load_library("fused_ops", SOURCE, FLAGS))
-    except (OSError, subprocess.CalledProcessError, FileNotFoundError) as exc:
-        log.warning("native fused ops unavailable (%s); using the PyTorch path", exc)
-        return None
+    lib = native_build.try_load("fused_ops", SOURCE, FLAGS)
+    return None if lib is None else NativeFused(lib)

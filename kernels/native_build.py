@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import logging
 import os
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+
+log = logging.getLogger("pageserve.kernels")
 
 # Not -ffast-math: linking a shared object with it pulls in crtfastmath.o, which turns on
 # flush-to-zero for the whole process (torch, numpy and every test in it). These are the
@@ -29,6 +32,17 @@ FLAGS = (
 def enabled() -> bool:
     """PAGESERVE_NATIVE_KERNELS=0 keeps every PyTorch path (to compare, or where cc misbehaves)."""
     return os.environ.get("PAGESERVE_NATIVE_KERNELS", "1") != "0"
+
+
+def try_load(name: str, source: str, flags: tuple[str, ...] = FLAGS) -> ctypes.CDLL | None:
+    """The compiled library, or None (with a warning) when disabled or no C compiler works here."""
+    if not enabled():
+        return None
+    try:
+        return load_library(name, source, flags)
+    except (OSError, subprocess.CalledProcessError, FileNotFoundError) as exc:
+        log.warning("native %s kernels unavailable (%s); using the PyTorch path", name, exc)
+        return None
 
 
 def load_library(name: str, source: str, flags: tuple[str, ...] = FLAGS) -> ctypes.CDLL:
