@@ -11,7 +11,9 @@ ignored; numpy's default_rng(0) draws 17,709 prompt and 8,885 output tokens.
 Both use the same model folder and dtype. Prints output tokens/s of each and the
 ratio, and the KV cache waste at the engine's peak allocation (allocated slots
 not holding a token, over allocated slots) beside what contiguous reservations
-would have wasted for the same running requests. `--json PATH` writes the numbers.
+would have wasted for the same running requests. `--profile` adds a second,
+profiled engine run and prints where a step's time goes (ops/bench/step_profile.py).
+`--json PATH` writes the numbers.
 A benchmark, not a test.
 """
 
@@ -30,6 +32,7 @@ from engine.config import CacheConfig, EngineConfig, GiB, ModelConfig
 from engine.core import EngineCore
 from engine.request import Request
 from engine.scheduler_config import SchedulerConfig
+from ops.bench.step_profile import format_profile, profile_steps
 from shared.sampling import SamplingParams
 
 FIRST_ORDINARY_ID = 17  # SmolLM2's ids 0..16 are special tokens; random prompts avoid them
@@ -149,6 +152,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--kv-cache-gib", type=float, default=2.0)
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--profile", action="store_true",
+                   help="after the timed run, run the workload again under cProfile and print where a step's time goes")
     p.add_argument("--json", metavar="PATH", help="write the results as JSON")
     return p.parse_args(argv)
 
@@ -176,6 +181,10 @@ def main(argv: list[str]) -> int:
                                "dtype": args.dtype, "threads": torch.get_num_threads(),
                                "engine": {**asdict(eng), "tok_s": eng.tok_s}}
     rows = [("pageserve engine", "-", eng.seconds, eng.tok_s)]
+    if args.profile:
+        prof = profile_steps(core, w.prompts, w.output_lens)
+        print(format_profile(prof), flush=True)
+        results["profile"] = asdict(prof)
     if not args.skip_hf:
         hf_runs = _bench_hf(core, w, args)
         results["hf_static"] = hf_runs
