@@ -11,6 +11,7 @@ embedding matrix. This module knows nothing about KV caches or requests.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,10 @@ from safetensors import safe_open
 
 from engine.config import ModelConfig
 from engine.models.llama import LlamaModel, LlamaShape, ModelConfigError
+from kernels.cpu_features import has_fast_matmul
 from shared.model_store import ModelFiles, resolve_model
+
+log = logging.getLogger("pageserve.engine")
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -43,6 +47,10 @@ def load_model(config: ModelConfig) -> LoadedModel:
     shape = LlamaShape.from_hf_config(files.config)
     max_len = min(config.max_model_len or shape.max_position_embeddings, shape.max_position_embeddings)
     dtype = DTYPES[config.dtype]
+    if torch.device(config.device).type == "cpu" and not has_fast_matmul(dtype):
+        log.warning("%s products have no hardware support on this CPU (no AVX512-BF16/FP16 or AMX): they are "
+                    "emulated and run several times slower than float32; --dtype float32 is faster here",
+                    config.dtype)
     model = LlamaModel(shape, dtype, max_len)
     _load_weights(model, shape, files, dtype)
     model.to(config.device)

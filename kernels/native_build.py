@@ -18,6 +18,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from kernels.cpu_features import cpu_flags_line
+
 log = logging.getLogger("pageserve.kernels")
 
 # Not -ffast-math: linking a shared object with it pulls in crtfastmath.o, which turns on
@@ -54,7 +56,7 @@ def build(name: str, source: str, flags: tuple[str, ...] = FLAGS) -> Path:
     compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
     if compiler is None:
         raise FileNotFoundError("no C compiler (cc/gcc) on PATH")
-    key = hashlib.sha256("\0".join([source, compiler, *flags, _cpu_flags()]).encode()).hexdigest()[:16]
+    key = hashlib.sha256("\0".join([source, compiler, *flags, cpu_flags_line()]).encode()).hexdigest()[:16]
     from shared.model_store import cache_dir
 
     target = cache_dir() / "kernels" / f"{name}-{key}.so"
@@ -68,11 +70,3 @@ def build(name: str, source: str, flags: tuple[str, ...] = FLAGS) -> Path:
         subprocess.run([compiler, *flags, "-o", str(lib), str(src), "-lm"], check=True, capture_output=True)
         os.replace(lib, target)  # atomic: concurrent first starts each build, one wins
     return target
-
-
-def _cpu_flags() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line for line in f if line.startswith("flags")), "")
-    except OSError:
-        return ""

@@ -56,3 +56,25 @@ def test_missing_tensor_is_named(tmp_path: Path) -> None:
     save_file(tensors, str(folder / "model.safetensors"))
     with pytest.raises(ModelConfigError, match="model.layers.1.mlp.up_proj.weight"):
         load_model(ModelConfig(str(folder)))
+
+
+@pytest.mark.parametrize(("dtype", "flags", "warned"), [
+    ("bfloat16", "flags\t\t: fpu avx avx2 fma", True),  # AVX2 only: bfloat16 is emulated
+    ("bfloat16", "flags\t\t: fpu avx2 avx512f avx512_bf16", False),
+    ("bfloat16", "flags\t\t: fpu avx2 amx_bf16 amx_tile", False),
+    ("float16", "flags\t\t: fpu avx2 avx512_bf16", True),
+    ("float32", "flags\t\t: fpu avx avx2 fma", False),
+])
+def test_half_dtype_without_cpu_support_is_warned(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  caplog: pytest.LogCaptureFixture, dtype: str, flags: str,
+                                                  warned: bool) -> None:
+    from kernels import cpu_features
+
+    monkeypatch.setattr(cpu_features, "cpu_flags_line", lambda: flags)
+    folder = tiny_llama_folder(tmp_path, num_layers=1)
+    with caplog.at_level("WARNING", logger="pageserve.engine"):
+        load_model(ModelConfig(str(folder), dtype=dtype))
+    messages = [r.getMessage() for r in caplog.records if "no hardware support" in r.getMessage()]
+    assert len(messages) == int(warned)
+    if warned:
+        assert dtype in messages[0] and "--dtype float32" in messages[0]
