@@ -31,10 +31,7 @@ import torch
 
 from kernels import native_build
 
-# native_build.FLAGS minus those that would change results: FMA contraction, reassociation
-# ((x * r) * w into x * (r * w)), x / y computed as x * (1 / y), and sign-of-zero shortcuts.
-_UNSAFE = ("-ffp-contract=fast", "-fassociative-math", "-freciprocal-math", "-fno-signed-zeros")
-FLAGS = (*(f for f in native_build.FLAGS if f not in _UNSAFE), "-ffp-contract=off")
+FLAGS = native_build.EXACT_FLAGS  # no FMA contraction or reassociation: results as PyTorch's
 
 SOURCE = r"""
 #include <math.h>

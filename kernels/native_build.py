@@ -30,6 +30,13 @@ FLAGS = (
     "-fno-signed-zeros", "-freciprocal-math", "-ffp-contract=fast", "-fopenmp", "-shared", "-fPIC",
 )
 
+# FLAGS minus those that would change results: FMA contraction, reassociation ((x * r) * w
+# into x * (r * w)), x / y computed as x * (1 / y), and sign-of-zero shortcuts. For kernels
+# whose every rounding step is written out (cpu_fused matches PyTorch bit for bit; cpu_gemm
+# keeps one FMA chain per output in k order).
+_UNSAFE = ("-ffp-contract=fast", "-fassociative-math", "-freciprocal-math", "-fno-signed-zeros")
+EXACT_FLAGS = (*(f for f in FLAGS if f not in _UNSAFE), "-ffp-contract=off")
+
 
 def enabled() -> bool:
     """PAGESERVE_NATIVE_KERNELS=0 keeps every PyTorch path (to compare, or where cc misbehaves)."""

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from engine.layers.linear import linear, pack
+from engine.layers.linear import Packed, linear, pack
 from kernels import cpu_attention
 from kernels.cpu_attention import AttentionPlan
 from kernels.fused_ops import rotate_qk
@@ -92,8 +92,8 @@ class Attention(nn.Module):
         self.qkv_weight = nn.Parameter(torch.empty(qkv_rows, hidden_size, dtype=dtype), requires_grad=False)
         self.qkv_bias = nn.Parameter(torch.zeros(qkv_rows, dtype=dtype), requires_grad=False) if bias else None
         self.o_weight = nn.Parameter(torch.empty(hidden_size, self.q_size, dtype=dtype), requires_grad=False)
-        self.qkv_packed: torch.Tensor | None = None
-        self.o_packed: torch.Tensor | None = None
+        self.qkv_packed: Packed | None = None
+        self.o_packed: Packed | None = None
 
     def pack_weights(self) -> None:
         """Prepack the projections once the weights are loaded (engine/layers/linear.py)."""

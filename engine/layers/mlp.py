@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.layers.linear import linear, pack
+from engine.layers.linear import Packed, linear, pack
 from kernels.fused_ops import silu_and_mul
 
 
@@ -17,8 +17,8 @@ class GatedMLP(nn.Module):
             torch.empty(2 * intermediate_size, hidden_size, dtype=dtype), requires_grad=False
         )
         self.down_weight = nn.Parameter(torch.empty(hidden_size, intermediate_size, dtype=dtype), requires_grad=False)
-        self.gate_up_packed: torch.Tensor | None = None
-        self.down_packed: torch.Tensor | None = None
+        self.gate_up_packed: Packed | None = None
+        self.down_packed: Packed | None = None
 
     def pack_weights(self) -> None:
         self.gate_up_packed, self.down_packed = pack(self.gate_up_weight), pack(self.down_weight)

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.layers.attention import Attention, AttentionMetadata, PagedAttentionOp
-from engine.layers.linear import linear, pack
+from engine.layers.linear import Packed, linear, pack
 from engine.layers.mlp import GatedMLP
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding
@@ -124,7 +124,7 @@ class LlamaModel(nn.Module):
         self.norm = RMSNorm(shape.hidden_size, shape.rms_norm_eps, dtype)
         # Tied models share the embedding matrix (the loader points lm_head at it).
         self.lm_head = nn.Parameter(torch.empty(0, dtype=dtype), requires_grad=False)
-        self.lm_head_packed: torch.Tensor | None = None
+        self.lm_head_packed: Packed | None = None
         self.rotary = RotaryEmbedding(shape.head_dim, max_position, shape.rope_theta, shape.rope_scaling, dtype)
 
     def forward(

@@ -1,0 +1,82 @@
+"""kernels/cpu_gemm.py (the AVX2 panel GEMM) against float64 products, and its place in engine/layers/linear.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.layers import linear as linear_mod
+from kernels import cpu_gemm
+
+native = cpu_gemm.load()
+needs_native = pytest.mark.skipif(native is None, reason="no AVX2+FMA CPU or no C compiler: oneDNN path only")
+
+
+def reference(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return F.linear(x.double(), w.double(), None if bias is None else bias.double()).float()
+
+
+def test_panels_hold_sixteen_columns_per_k_zero_padded() -> None:
+    w = torch.randn(37, 5)
+    p = cpu_gemm.pack_panels(w)
+    assert p.panels.shape == (3, 5, 16) and (p.out_features, p.in_features) == (37, 5)
+    for n in (0, 15, 16, 36):
+        assert torch.equal(p.panels[n // 16, :, n % 16], w[n])
+    assert not p.panels[2, :, 5:].any()  # columns 37..47 do not exist
+
+
+@needs_native
+@pytest.mark.parametrize("m", [1, 2, 5, 6, 7, 13, 64, 97, 200])
+@pytest.mark.parametrize(("n", "k"), [(576, 576), (960, 576), (100, 37), (16, 1), (1536, 1536), (3, 8)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_matches_float64_product(m: int, n: int, k: int, with_bias: bool) -> None:
+    g = torch.Generator().manual_seed(m * 1000 + n + k)
+    x, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g)
+    bias = torch.randn(n, generator=g) if with_bias else None
+    out = native.linear(x, cpu_gemm.pack_panels(w), bias)
+    assert out.shape == (m, n)
+    torch.testing.assert_close(out, reference(x, w, bias), rtol=1e-5, atol=2e-5 * k**0.5)
+
+
+@needs_native
+def test_strided_rows_and_empty_batch() -> None:
+    w = torch.randn(48, 20)
+    base = torch.randn(9, 32)
+    x = base[:, 4:24]  # rows 32 floats apart, 20 used
+    torch.testing.assert_close(native.linear(x, cpu_gemm.pack_panels(w)), reference(x, w, None), rtol=1e-5, atol=1e-4)
+    assert native.linear(torch.empty(0, 20), cpu_gemm.pack_panels(w)).shape == (0, 48)
+
+
+@needs_native
+def test_a_row_gets_the_same_bits_alone_in_any_batch_and_on_any_thread_count() -> None:
+    x, w, bias = torch.randn(70, 576), torch.randn(1000, 576), torch.randn(1000)
+    packed = cpu_gemm.pack_panels(w)
+    batch = native.linear(x, packed, bias)
+    for i in (0, 5, 6, 41, 69):  # first and last rows of 6-row tiles, a short last tile
+        assert torch.equal(native.linear(x[i : i + 1], packed, bias)[0], batch[i])
+    assert torch.equal(native.linear(x[3:50], packed, bias), batch[3:50])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        single = native.linear(x, packed, bias)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(single, batch)
+
+
+@needs_native
+def test_layers_use_the_panel_gemm_for_float32_cpu_weights() -> None:
+    w, bias, x = torch.randn(40, 24), torch.randn(40), torch.randn(5, 24)
+    packed = linear_mod.pack(w)
+    assert isinstance(packed, cpu_gemm.PanelWeight)
+    torch.testing.assert_close(linear_mod.linear(x, w, packed, bias), reference(x, w, bias), rtol=1e-5, atol=1e-4)
+    assert linear_mod.pack(w.bfloat16()) is None  # other dtypes keep F.linear
+
+
+def test_without_the_kernel_layers_fall_back_to_onednn(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cpu_gemm, "load", lambda: None)
+    w, bias, x = torch.randn(40, 24), torch.randn(40), torch.randn(5, 24)
+    packed = linear_mod.pack(w)
+    assert not isinstance(packed, cpu_gemm.PanelWeight)
+    torch.testing.assert_close(linear_mod.linear(x, w, packed, bias), reference(x, w, bias), rtol=1e-5, atol=1e-4)
