@@ -30,7 +30,7 @@ MATMUL_OPS = re.compile(r"\b(linear|_linear_pointwise|_mkl_linear|addmm|matmul|m
 # builtins by a string, not a code object: those get file "~".
 Rule = Callable[[str, str], bool]
 CATEGORIES: list[tuple[str, Rule]] = [
-    ("matmul", lambda f, n: f == "~" and MATMUL_OPS.search(n) is not None),
+    ("matmul", lambda f, n: f == "~" and MATMUL_OPS.search(n) is not None or f.endswith("kernels/cpu_gemm.py")),
     ("attention: decode", lambda f, n: f.endswith("kernels/cpu_decode.py") or "paged_attention" in n),
     # index_select gathers a prompt chunk's earlier context out of the paged cache
     ("attention: prompts", lambda f, n: f == "~" and ("scaled_dot_product" in n or "index_select" in n)),

@@ -24,6 +24,9 @@ def test_builtins_and_kernel_wrappers_fall_in_their_categories() -> None:
     assert categorize(cpu_decode.NativeDecode.__call__.__code__) == "attention: decode"
     assert categorize(cpu_fused.NativeFused.silu_and_mul.__code__) == "norms, SiLU, rotary"
     assert categorize(cpu_fused.NativeFused.argmax.__code__) == "sampling"
+    from kernels import cpu_gemm
+
+    assert categorize(cpu_gemm.NativeGemm.linear.__code__) == "matmul"
 
 
 def test_profile_covers_every_step_and_counts_model_flops(tiny_model: Path) -> None:
