@@ -19,7 +19,9 @@ are memory-bound: every step reads each running request's whole K/V. Two ways:
            batched `scaled_dot_product_attention` (GQA without repeating K/V).
            Three passes over the KV bytes (gather read, write, attention read).
 
-A prefill chunk whose request has nothing cached yet (context_len == 0)
+Prompt chunks, float32 with the native kernels: one C call for all of them
+(kernels/cpu_prefill.py) reads context and chunk K/V in place through the block
+tables. Otherwise a chunk whose request has nothing cached yet (context_len == 0)
 attends causally to the step's own K/V and never touches the cache; a chunk
 that continues a prompt (chunked prefill, prefix hit, recompute) gathers its
 blocks and uses an explicit (L, S) causal mask shifted by the context length.
@@ -35,7 +37,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kernels import cpu_decode
+from kernels import cpu_decode, cpu_prefill
 
 # Cost of one extra decode group per layer, in units of padded blocks: a group costs
 # a few op launches (~40 us); one padded block costs gathering + attending 16 tokens.
@@ -87,6 +89,20 @@ class ChunkPlan:
 
 
 @dataclass(frozen=True)
+class NativePrefillPlan:
+    """Every prompt chunk at once, for the C kernel (kernels/cpu_prefill.py): no gather, no mask."""
+
+    starts: torch.Tensor
+    """(C,) int64 first row of each chunk in the flat batch."""
+    lens: torch.Tensor
+    """(C,) int64 query tokens of each chunk."""
+    context_lens: torch.Tensor
+    """(C,) int64 tokens of the request cached before the chunk."""
+    block_tables: torch.Tensor
+    """(C, max_blocks) int64, padded with block 0 past each chunk's blocks (never read)."""
+
+
+@dataclass(frozen=True)
 class AttentionPlan:
     slot_mapping: torch.Tensor
     """(T,) int64: the cache slot each row's K/V is written to."""
@@ -95,6 +111,8 @@ class AttentionPlan:
     chunks: tuple[ChunkPlan, ...]
     block_size: int
     native_decode: NativeDecodePlan | None = None
+    native_prefill: NativePrefillPlan | None = None
+    """The chunks again, for the C kernel; attend() uses it where the kernel supports the dtype."""
 
 
 def native_decode_available(dtype: torch.dtype, device: torch.device | str = "cpu") -> bool:
@@ -128,7 +146,8 @@ def plan_attention(
 ) -> AttentionPlan:
     """Plan one step. Requests are in flat-batch order; seq_lens count the cache after the write.
 
-    `native` hands the decodes to the C kernel (check `native_decode_available` first).
+    `native` hands the decodes to the C kernel (check `native_decode_available` first), and the
+    prompt chunks to the C prefill kernel where that one is built.
     """
     starts = [0]
     for q in query_lens:
@@ -150,9 +169,15 @@ def plan_attention(
         for i, q in enumerate(query_lens)
         if q > 1
     ]
+    prefill_plan = None
+    if native and chunks and cpu_prefill.load() is not None:
+        prompt = [i for i, q in enumerate(query_lens) if q > 1]
+        prefill_plan = _native_prefill([starts[i] for i in prompt], [query_lens[i] for i in prompt],
+                                       [seq_lens[i] for i in prompt], [block_tables[i] for i in prompt],
+                                       block_size, device)
     slots = compute_slot_mapping(query_lens, seq_lens, block_tables, block_size)
     slot_mapping = torch.tensor(slots, dtype=torch.int64, device=device)
-    return AttentionPlan(slot_mapping, tuple(groups), tuple(chunks), block_size, native_plan)
+    return AttentionPlan(slot_mapping, tuple(groups), tuple(chunks), block_size, native_plan, prefill_plan)
 
 
 def _native_decode(
@@ -166,6 +191,22 @@ def _native_decode(
         block_tables=torch.tensor(padded, dtype=torch.int64, device=device),
         seq_lens=torch.tensor(seq_lens, dtype=torch.int64, device=device),
         max_seq_len=max(seq_lens),
+    )
+
+
+def _native_prefill(
+    starts: list[int], lens: list[int], seq_lens: list[int], tables: list[list[int]], block_size: int,
+    device: torch.device | str,
+) -> NativePrefillPlan:
+    nbs = [(s + block_size - 1) // block_size for s in seq_lens]
+    width = max(nbs)
+    padded = [t[:n] + [0] * (width - n) for t, n in zip(tables, nbs, strict=True)]
+    return NativePrefillPlan(
+        starts=torch.tensor(starts, dtype=torch.int64, device=device),
+        lens=torch.tensor(lens, dtype=torch.int64, device=device),
+        context_lens=torch.tensor([s - q for s, q in zip(seq_lens, lens, strict=True)], dtype=torch.int64,
+                                  device=device),
+        block_tables=torch.tensor(padded, dtype=torch.int64, device=device),
     )
 
 
@@ -289,7 +330,14 @@ def attend(
         q = query[g.rows].unsqueeze(2)  # (G, n_q, 1, hd)
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=g.mask, scale=scale, enable_gqa=True)
         out[g.rows] = o.view(g.num_requests, n_q, hd)
-    for c in plan.chunks:
+    chunks = plan.chunks
+    if plan.native_prefill is not None and cpu_prefill.supports(query.dtype, hd):
+        npf = plan.native_prefill
+        kernel = cpu_prefill.load()
+        assert kernel is not None, "planned for the native prefill kernel, which is not available"
+        kernel(out, query, key_cache, value_cache, npf.starts, npf.lens, npf.context_lens, npf.block_tables, scale)
+        chunks = ()
+    for c in chunks:
         q = query[c.start : c.end].transpose(0, 1).unsqueeze(0)  # (1, n_q, L, hd)
         if c.context_len == 0 and fresh_kv is not None:
             k = fresh_kv[0][c.start : c.end].transpose(0, 1).unsqueeze(0)  # (1, n_kv, L, hd)
@@ -353,4 +401,9 @@ def _shift_rows(plan: AttentionPlan, starts: list[int], query_lens: list[int]) -
         ChunkPlan(where[c.start], where[c.start] + c.end - c.start, c.context_len, c.block_index, c.mask)
         for c in plan.chunks
     ]
-    return AttentionPlan(plan.slot_mapping, tuple(groups), tuple(chunks), plan.block_size, native)
+    prefill = plan.native_prefill
+    if prefill is not None:
+        starts_t = torch.tensor([where[r] for r in prefill.starts.tolist()], dtype=torch.int64,
+                                device=prefill.starts.device)
+        prefill = NativePrefillPlan(starts_t, prefill.lens, prefill.context_lens, prefill.block_tables)
+    return AttentionPlan(plan.slot_mapping, tuple(groups), tuple(chunks), plan.block_size, native, prefill)

@@ -33,7 +33,8 @@ CATEGORIES: list[tuple[str, Rule]] = [
     ("matmul", lambda f, n: f == "~" and MATMUL_OPS.search(n) is not None or f.endswith("kernels/cpu_gemm.py")),
     ("attention: decode", lambda f, n: f.endswith("kernels/cpu_decode.py") or "paged_attention" in n),
     # index_select gathers a prompt chunk's earlier context out of the paged cache
-    ("attention: prompts", lambda f, n: f == "~" and ("scaled_dot_product" in n or "index_select" in n)),
+    ("attention: prompts", lambda f, n: f == "~" and ("scaled_dot_product" in n or "index_select" in n)
+     or f.endswith("kernels/cpu_prefill.py")),
     ("KV cache writes", lambda f, n: f == "~" and "index_copy" in n or n == "store_kv"),
     ("sampling", lambda f, n: f.endswith(("engine/sampler.py", "engine/sample_group.py")) or n == "argmax"),
     ("norms, SiLU, rotary", lambda f, n: f.endswith(("kernels/cpu_fused.py", "kernels/fused_ops.py"))),

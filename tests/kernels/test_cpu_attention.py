@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from kernels import cpu_attention as ca
-from kernels import cpu_decode
+from kernels import cpu_decode, cpu_prefill
 from kernels import reference as ref
 
 
@@ -151,3 +151,41 @@ def test_native_decode_vector_paths(hd: int, num_requests: int, block_size: int,
     assert not out.isnan().any()
     tol = {torch.float32: 1e-5, torch.bfloat16: 2e-2}[dtype]
     torch.testing.assert_close(out.float(), want.float(), atol=tol, rtol=tol)
+
+
+PREFILL_MIX = ([37, 1, 16, 50, 3, 2], [37, 20, 116, 53, 3, 40])  # fresh, decode, continued after 100, ...
+
+
+@pytest.mark.parametrize("block_size", [16, 5, 32])
+@pytest.mark.parametrize(("hd", "n_q", "n_kv"), [(64, 9, 3), (16, 4, 4), (32, 8, 1)])
+def test_native_prefill_matches_reference(block_size: int, hd: int, n_q: int, n_kv: int) -> None:
+    """Prompt chunks in the C kernel: fresh and continued, any block size, NaN in every unused slot."""
+    if cpu_prefill.load() is None:
+        pytest.skip("no AVX2+FMA or no C compiler: the native prefill kernel cannot be built")
+    q_lens, seq_lens = PREFILL_MIX
+    args = _batch(q_lens, seq_lens, n_q=n_q, n_kv=n_kv, hd=hd, block_size=block_size, seed=hd + block_size)
+    tables = [args[3][i, : (s + block_size - 1) // block_size].tolist() for i, s in enumerate(seq_lens)]
+    plan = ca.plan_attention(q_lens, seq_lens, tables, block_size, native=True)
+    assert plan.native_prefill is not None and plan.native_prefill.lens.tolist() == [37, 16, 50, 3, 2]
+    assert plan.native_prefill.context_lens.tolist() == [0, 100, 3, 0, 38]
+    out = ca.paged_attention(*args)
+    want = ref.paged_attention_ref(*args)
+    assert not out.isnan().any()
+    torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
+
+
+def test_prefill_kernel_is_skipped_where_it_does_not_apply(monkeypatch: pytest.MonkeyPatch) -> None:
+    """bfloat16, or a head size that is no multiple of 16, keeps scaled_dot_product_attention."""
+    if cpu_prefill.load() is None:
+        pytest.skip("no AVX2+FMA or no C compiler: the native prefill kernel cannot be built")
+    calls = []
+    real = cpu_prefill.NativePrefill.__call__
+    monkeypatch.setattr(cpu_prefill.NativePrefill, "__call__", lambda self, *a: calls.append(1) or real(self, *a))
+    q_lens, seq_lens = PREFILL_MIX
+    for dtype, hd, used in ((torch.bfloat16, 64, False), (torch.float32, 24, False), (torch.float32, 64, True)):
+        args = _batch(q_lens, seq_lens, n_q=6, n_kv=2, hd=hd, block_size=16, dtype=dtype)
+        calls.clear()
+        out = ca.paged_attention(*args)
+        assert bool(calls) == used
+        tol = 2e-2 if dtype == torch.bfloat16 else 1e-5
+        torch.testing.assert_close(out.float(), ref.paged_attention_ref(*args).float(), atol=tol, rtol=tol)

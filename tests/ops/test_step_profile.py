@@ -27,6 +27,9 @@ def test_builtins_and_kernel_wrappers_fall_in_their_categories() -> None:
     from kernels import cpu_gemm
 
     assert categorize(cpu_gemm.NativeGemm.linear.__code__) == "matmul"
+    from kernels import cpu_prefill
+
+    assert categorize(cpu_prefill.NativePrefill.__call__.__code__) == "attention: prompts"
 
 
 def test_profile_covers_every_step_and_counts_model_flops(tiny_model: Path) -> None:
