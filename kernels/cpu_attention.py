@@ -183,12 +183,9 @@ def plan_attention(
 def _native_decode(
     rows: list[int], seq_lens: list[int], tables: list[list[int]], block_size: int, device: torch.device | str
 ) -> NativeDecodePlan:
-    nbs = [(s + block_size - 1) // block_size for s in seq_lens]
-    width = max(nbs)
-    padded = [t[:n] + [0] * (width - n) for t, n in zip(tables, nbs, strict=True)]
     return NativeDecodePlan(
         rows=torch.tensor(rows, dtype=torch.int64, device=device),
-        block_tables=torch.tensor(padded, dtype=torch.int64, device=device),
+        block_tables=_padded_tables(tables, seq_lens, block_size, device),
         seq_lens=torch.tensor(seq_lens, dtype=torch.int64, device=device),
         max_seq_len=max(seq_lens),
     )
@@ -198,16 +195,23 @@ def _native_prefill(
     starts: list[int], lens: list[int], seq_lens: list[int], tables: list[list[int]], block_size: int,
     device: torch.device | str,
 ) -> NativePrefillPlan:
-    nbs = [(s + block_size - 1) // block_size for s in seq_lens]
-    width = max(nbs)
-    padded = [t[:n] + [0] * (width - n) for t, n in zip(tables, nbs, strict=True)]
     return NativePrefillPlan(
         starts=torch.tensor(starts, dtype=torch.int64, device=device),
         lens=torch.tensor(lens, dtype=torch.int64, device=device),
         context_lens=torch.tensor([s - q for s, q in zip(seq_lens, lens, strict=True)], dtype=torch.int64,
                                   device=device),
-        block_tables=torch.tensor(padded, dtype=torch.int64, device=device),
+        block_tables=_padded_tables(tables, seq_lens, block_size, device),
     )
+
+
+def _padded_tables(
+    tables: list[list[int]], seq_lens: list[int], block_size: int, device: torch.device | str
+) -> torch.Tensor:
+    """(R, max_blocks) int64: each request's used blocks, padded with block 0 (never read)."""
+    nbs = [(s + block_size - 1) // block_size for s in seq_lens]
+    width = max(nbs)
+    return torch.tensor([t[:n] + [0] * (width - n) for t, n in zip(tables, nbs, strict=True)], dtype=torch.int64,
+                        device=device)
 
 
 def _bucket(num_blocks: list[int], ids: list[int]) -> list[list[int]]:
