@@ -25,6 +25,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from engine.models.llama import LlamaShape
 from kernels import native_build
 
 SOURCE = r"""
@@ -69,9 +70,16 @@ double fma_gflops(int64_t iters, int nthreads) {
 }
 """
 
-# SmolLM2-135M: the products of one layer as (K, N), and the vocabulary product
-LAYER_SHAPES = {"qkv": (576, 960), "o": (576, 576), "gate_up": (576, 3072), "down": (1536, 576)}
-VOCAB_SHAPE = (576, 49152)
+# SmolLM2-135M, the default model (numbers from its config.json)
+SMOLLM2 = LlamaShape(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9,
+                     num_kv_heads=3, head_dim=64, rms_norm_eps=1e-5, rope_theta=100000.0, rope_scaling=None,
+                     tie_word_embeddings=True, attention_bias=False, max_position_embeddings=8192)
+_Q, _KV = SMOLLM2.num_heads * SMOLLM2.head_dim, SMOLLM2.num_kv_heads * SMOLLM2.head_dim
+# the products of one layer as (K, N), and the vocabulary product
+LAYER_SHAPES = {"qkv": (SMOLLM2.hidden_size, _Q + 2 * _KV), "o": (_Q, SMOLLM2.hidden_size),
+                "gate_up": (SMOLLM2.hidden_size, 2 * SMOLLM2.intermediate_size),
+                "down": (SMOLLM2.intermediate_size, SMOLLM2.hidden_size)}
+VOCAB_SHAPE = (SMOLLM2.hidden_size, SMOLLM2.vocab_size)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -127,12 +135,10 @@ def workload_cost() -> tuple[float, float, int]:
     """(matmul FLOPs, KV bytes read by decode attention, output tokens) of the standard offline workload."""
     from ops.bench.offline import make_workload
 
-    w = make_workload(64, (32, 512), (16, 256), 49152, 0)
-    hidden, inter, layers, heads, kv_heads, hd = 576, 1536, 30, 9, 3, 64
-    per_token = 2 * layers * (hidden * (heads + 2 * kv_heads) * hd + heads * hd * hidden + 3 * hidden * inter)
+    w = make_workload(64, (32, 512), (16, 256), SMOLLM2.vocab_size, 0)
     fed = sum(len(p) + n - 1 for p, n in zip(w.prompts, w.output_lens, strict=True))
-    flops = fed * per_token + w.output_tokens * 2 * hidden * VOCAB_SHAPE[1]
-    kv_per_token = 2 * layers * kv_heads * hd * 4
+    flops = fed * SMOLLM2.flops_per_token() + w.output_tokens * 2 * SMOLLM2.hidden_size * SMOLLM2.vocab_size
+    kv_per_token = SMOLLM2.kv_bytes_per_token(torch.float32)
     # the decode step that makes output token j (j = 1 .. n-1; token 0 comes from the prompt step)
     # reads the K and V of the prompt and of j tokens
     kv_tokens = sum((n - 1) * len(p) + n * (n - 1) // 2 for p, n in zip(w.prompts, w.output_lens, strict=True))
