@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -93,9 +94,7 @@ def _packaged_gguf(key: str) -> Path:
 
 
 def _from_gguf(gguf: Path, name: str) -> ModelFiles:
-    stat = gguf.stat()
-    digest = hashlib.sha256(f"{gguf}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
-    target = cache_dir() / "models" / f"{name}-{digest}"
+    target = cache_dir() / "models" / f"{name}-{gguf_identity(gguf)}"
     if not (target / "config.json").is_file():
         target.parent.mkdir(parents=True, exist_ok=True)
         with open(target.parent / f".{target.name}.lock", "w") as lock:
@@ -103,6 +102,32 @@ def _from_gguf(gguf: Path, name: str) -> ModelFiles:
             if not (target / "config.json").is_file():  # another process may have converted it meanwhile
                 _convert_gguf(gguf, target, name)
     return ModelFiles(path=target, name=name, config=_read_config(target))
+
+
+def gguf_identity(gguf: Path) -> str:
+    """The conversion's cache key: what the file holds, not where it lies or when it was installed,
+    so a fresh virtualenv (new path, new mtime) reuses the converted folder instead of adding one.
+    Size plus the first and last MiB (header, metadata, the last tensors) stand for the content:
+    hashing all of it would cost every start a full read. The transformers version is in the key
+    too, since the conversion's output depends on it (read from metadata: no import)."""
+    size = gguf.stat().st_size
+    h = hashlib.sha256(f"{size}:{_version('transformers')}".encode())
+    with open(gguf, "rb") as f:
+        h.update(f.read(_SAMPLE))
+        if size > _SAMPLE:
+            f.seek(max(size - _SAMPLE, _SAMPLE))
+            h.update(f.read())
+    return h.hexdigest()[:12]
+
+
+_SAMPLE = 1 << 20
+
+
+def _version(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "none"
 
 
 def _convert_gguf(gguf: Path, target: Path, name: str) -> None:

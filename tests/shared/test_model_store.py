@@ -36,3 +36,25 @@ def test_default_model_resolves_to_a_loadable_folder_without_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_gguf_cache_key_follows_content_not_location(tmp_path):
+    """A re-installed package (new virtualenv: new path, new mtime) must reuse the conversion."""
+    import os
+
+    from shared.model_store import gguf_identity
+
+    data = bytes(range(256)) * (3 * 4096 + 7)  # ~3 MiB: a head, a middle and a tail
+    first = tmp_path / "a" / "model.gguf"
+    second = tmp_path / "b" / "model.gguf"
+    for path in (first, second):
+        path.parent.mkdir()
+        path.write_bytes(data)
+    os.utime(second, ns=(1, 1))
+    assert gguf_identity(first) == gguf_identity(second)
+    second.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))  # another last tensor
+    assert gguf_identity(first) != gguf_identity(second)
+    second.write_bytes(bytes([data[0] ^ 1]) + data[1:])  # another header
+    assert gguf_identity(first) != gguf_identity(second)
+    second.write_bytes(data + b"\0")  # another size
+    assert gguf_identity(first) != gguf_identity(second)
