@@ -32,6 +32,11 @@ def cpu_flags() -> frozenset[str]:
     return frozenset(cpu_flags_line().partition(":")[2].split())
 
 
+def has_avx2_fma() -> bool:
+    """What the hand-vectorised C kernels (cpu_gemm, cpu_prefill) are written for."""
+    return {"avx2", "fma"} <= cpu_flags()
+
+
 def has_fast_matmul(dtype: torch.dtype) -> bool:
     """True for float32, and for a half type when this CPU has hardware for its products.
     Unknown (no /proc/cpuinfo) counts as fast: no warning on what we cannot see."""

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels import native_build
-from kernels.cpu_features import cpu_flags
+from kernels.cpu_features import has_avx2_fma
 
 PANEL = 16  # output columns per panel: two AVX2 vectors
 
@@ -153,7 +153,7 @@ class NativeGemm:
 @functools.cache
 def load() -> NativeGemm | None:
     """The compiled kernel, or None without AVX2+FMA, when disabled, or where no C compiler works."""
-    if not {"avx2", "fma"} <= cpu_flags():
+    if not has_avx2_fma():
         return None
     lib = native_build.try_load("gemm_f32", SOURCE, native_build.EXACT_FLAGS)
     return None if lib is None else NativeGemm(lib)

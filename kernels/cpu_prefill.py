@@ -32,7 +32,7 @@ import functools
 import torch
 
 from kernels import c_snippets, native_build
-from kernels.cpu_features import cpu_flags
+from kernels.cpu_features import has_avx2_fma
 
 TILE_TOKENS = 16  # query tokens per task (mirrors the C define)
 
@@ -223,7 +223,7 @@ def supports(dtype: torch.dtype, head_dim: int) -> bool:
 @functools.cache
 def load() -> NativePrefill | None:
     """The compiled kernel, or None without AVX2+FMA, when disabled, or where no C compiler works."""
-    if not {"avx2", "fma"} <= cpu_flags():
+    if not has_avx2_fma():
         return None
     lib = native_build.try_load("prefill_attention", SOURCE)
     return None if lib is None else NativePrefill(lib)
