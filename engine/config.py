@@ -3,12 +3,12 @@
     EngineConfig
       ├─ model: ModelConfig          which weights, which dtype, how long a sequence may be
       ├─ cache: CacheConfig          KV block size and the memory budgets of both pools
-      ├─ scheduler: SchedulerConfig  (engine/scheduler_config.py, the scheduler's own knobs)
+      ├─ scheduler: SchedulerConfig  (engine/scheduling/config.py, the scheduler's own knobs)
       └─ attention_backend           "auto" | "torch" | "triton"
 
 Nothing here is ever written after construction. What start-up derives from
 these values (how many KV blocks fit in the budget, the model's real context
-length) lives in `CacheLayout` (engine/kv_cache.py) and `ModelInfo`
+length) lives in `CacheLayout` (engine/worker/kv_cache.py) and `ModelInfo`
 (engine/core.py), never back in a config.
 """
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from engine.scheduler_config import SchedulerConfig
+from engine.scheduling.config import SchedulerConfig
 
 DType = Literal["float32", "bfloat16", "float16"]
 DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
@@ -82,7 +82,7 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     """Continuous batching: token budget, seats, priorities, preemption."""
     attention_backend: str = "auto"
-    """"torch" (kernels/cpu_attention.py), "triton" (kernels/, needs CUDA), or "auto" by device."""
+    """"torch" (pageserve_kernels/cpu_attention.py), "triton" (pageserve_kernels/, needs CUDA), or "auto" by device."""
     seed: int = 0
     """Seeds the generators of requests that give no seed of their own."""
 

@@ -8,7 +8,7 @@
              result = runner.execute(out)        forward + sample
              return scheduler.update(out, result) deltas for the clients
 
-The engine server (engine/server.py) wraps this in the ZeroMQ process and the
+The engine server (engine/serving/server.py) wraps this in the ZeroMQ process and the
 offline `LLM` (engine/llm.py) drives it in a loop. Both see token ids only: the
 core never imports a tokenizer.
 """
@@ -21,14 +21,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.config import EngineConfig
-from engine.kv_cache import CacheLayout, KVCache
-from engine.model_loader import DTYPES, load_model
-from engine.model_runner import ModelRunner
+from engine.worker.kv_cache import CacheLayout, KVCache
+from engine.worker.model_loader import DTYPES, load_model
+from engine.worker.model_runner import ModelRunner
 from engine.outputs import RequestDelta
 from engine.request import Request
-from engine.sampler import Sampler
-from engine.scheduler import Scheduler, SchedulerStats
-from engine.step_stats import CoreCounts
+from engine.worker.sampler import Sampler
+from engine.scheduling.scheduler import Scheduler, SchedulerStats
+from engine.serving.step_stats import CoreCounts
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from typing import Any
 from engine.config import CacheConfig, EngineConfig, ModelConfig
 from engine.core import EngineCore, ModelInfo
 from engine.request import Request
-from engine.scheduler_config import SchedulerConfig
+from engine.scheduling.config import SchedulerConfig
 from shared.sampling import SamplingParams
 
 Prompt = str | list[int]

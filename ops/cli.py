@@ -10,12 +10,12 @@ import importlib
 import sys
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "engine": ("engine.server", "run the engine process (owns the model and the KV cache)"),
+    "engine": ("engine.serving.server", "run the engine process (owns the model and the KV cache)"),
     "gateway": ("gateway.server", "run the OpenAI-compatible HTTP gateway"),
     "up": ("ops.launcher", "start redis, engine and gateway locally and print a demo key"),
     "admin": ("ops.admin", "manage tenants, keys, quotas and usage in Redis"),
     "bench": ("ops.bench", "benchmarks: offline, priority, admission"),
-    "generate": ("engine.demo", "offline generation from the command line"),
+    "generate": ("ops.generate", "offline generation from the command line"),
 }
 
 

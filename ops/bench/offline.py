@@ -31,7 +31,7 @@ import torch
 from engine.config import CacheConfig, EngineConfig, GiB, ModelConfig
 from engine.core import EngineCore
 from engine.request import Request
-from engine.scheduler_config import SchedulerConfig
+from engine.scheduling.config import SchedulerConfig
 from ops.bench.step_profile import format_profile, profile_steps
 from shared.sampling import SamplingParams
 

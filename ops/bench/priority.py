@@ -26,7 +26,7 @@ from typing import Any
 
 from engine.config import CacheConfig, EngineConfig, ModelConfig
 from engine.request import Request
-from engine.scheduler import Scheduler, SchedulerConfig
+from engine.scheduling.scheduler import Scheduler, SchedulerConfig
 from shared.sampling import SamplingParams
 
 

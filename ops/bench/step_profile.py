@@ -4,7 +4,7 @@
 one profile per step, and sums each function's own time (cProfile's tottime)
 into a few categories. The C kernels are called through ctypes, which cProfile
 does not list apart, so their time lands in the Python wrapper that calls them
-(`kernels/cpu_decode.py`, `kernels/cpu_fused.py`): the rules below match those
+(`pageserve_kernels/cpu_decode.py`, `pageserve_kernels/cpu_fused.py`): the rules below match those
 wrappers by file. Steps are split into decode-only steps (every request in the
 step adds one token) and steps that carry prompt tokens, because the two have
 very different shapes. The profiler itself adds a little to the Python share.
@@ -30,14 +30,14 @@ MATMUL_OPS = re.compile(r"\b(linear|_linear_pointwise|_mkl_linear|addmm|matmul|m
 # builtins by a string, not a code object: those get file "~".
 Rule = Callable[[str, str], bool]
 CATEGORIES: list[tuple[str, Rule]] = [
-    ("matmul", lambda f, n: f == "~" and MATMUL_OPS.search(n) is not None or f.endswith("kernels/cpu_gemm.py")),
-    ("attention: decode", lambda f, n: f.endswith("kernels/cpu_decode.py") or "paged_attention" in n),
+    ("matmul", lambda f, n: f == "~" and MATMUL_OPS.search(n) is not None or f.endswith("pageserve_kernels/cpu_gemm.py")),
+    ("attention: decode", lambda f, n: f.endswith("pageserve_kernels/cpu_decode.py") or "paged_attention" in n),
     # index_select gathers a prompt chunk's earlier context out of the paged cache
     ("attention: prompts", lambda f, n: f == "~" and ("scaled_dot_product" in n or "index_select" in n)
-     or f.endswith("kernels/cpu_prefill.py")),
+     or f.endswith("pageserve_kernels/cpu_prefill.py")),
     ("KV cache writes", lambda f, n: f == "~" and "index_copy" in n or n == "store_kv"),
-    ("sampling", lambda f, n: f.endswith(("engine/sampler.py", "engine/sample_group.py")) or n == "argmax"),
-    ("norms, SiLU, rotary", lambda f, n: f.endswith(("kernels/cpu_fused.py", "kernels/fused_ops.py"))),
+    ("sampling", lambda f, n: f.endswith(("engine/worker/sampler.py", "engine/scheduling/sample_group.py")) or n == "argmax"),
+    ("norms, SiLU, rotary", lambda f, n: f.endswith(("pageserve_kernels/cpu_fused.py", "pageserve_kernels/fused_ops.py"))),
     ("scheduler", lambda f, n: any(f.endswith(f"engine/{m}.py") for m in (
         "scheduler", "block_manager", "block_pool", "preemption", "step_builder", "stop_conditions", "fair_queue",
         "scheduler_counters", "request"))),

@@ -27,8 +27,8 @@ import httpx
 
 from engine.outputs import RequestDelta
 from engine.request import Request
-from engine.server import EngineInfo, EngineServer, ServerConfig
-from engine.step_stats import CoreCounts
+from engine.serving.server import EngineInfo, EngineServer, ServerConfig
+from engine.serving.step_stats import CoreCounts
 from ops.launcher import create_demo_key, free_port, start_redis, stop_all
 
 WORDS = [504, 3575, 282, 4649, 314, 7042, 30, 216, 18645, 250]

@@ -19,8 +19,8 @@ import time
 
 import pytest
 
-from engine.server import EngineInfo, EngineServer, ServerConfig
-from tests.engine.server_fake_core import FakeCore
+from engine.serving.server import EngineInfo, EngineServer, ServerConfig
+from tests.engine.serving.fake_core import FakeCore
 from tests.support.redis_server import free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

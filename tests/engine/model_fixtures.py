@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from engine.llm import LLM
-from engine.scheduler_config import SchedulerConfig
-from engine.testing import tiny_llama_folder
+from engine.scheduling.config import SchedulerConfig
+from tests.support.tiny_model import tiny_llama_folder
 
 
 @pytest.fixture(scope="session")

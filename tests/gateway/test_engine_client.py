@@ -1,6 +1,6 @@
 """EngineClient against a live engine loop (fake core, in a thread) and against scripted ROUTER sockets.
 
-The same client against the real engine process and the real model: tests/engine/test_server.py.
+The same client against the real engine process and the real model: tests/engine/serving/test_server.py.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from shared.protocol import (
     encode,
 )
 from shared.sampling import SamplingParams
-from tests.engine.server_fake_core import Running, start_server
+from tests.engine.serving.fake_core import Running, start_server
 
 
 @pytest.fixture

@@ -12,10 +12,10 @@ from collections.abc import Callable
 
 import pytest
 
-from engine.server import EngineServer, ServerConfig
+from engine.serving.server import EngineServer, ServerConfig
 from gateway.engine_client import EngineUnavailableError
 from gateway.engine_link import EngineLink
-from tests.engine.server_fake_core import INFO, FakeCore
+from tests.engine.serving.fake_core import INFO, FakeCore
 from tests.support.redis_server import free_port
 
 

@@ -15,10 +15,10 @@ import time
 
 import httpx
 
-from engine.server import EngineInfo, EngineServer, ServerConfig
+from engine.serving.server import EngineInfo, EngineServer, ServerConfig
 from gateway.engine_client import EngineClient
 from ops.launcher import create_demo_key
-from tests.engine.server_fake_core import FakeCore
+from tests.engine.serving.fake_core import FakeCore
 from tests.support.redis_server import free_port
 
 

@@ -18,11 +18,11 @@ import sys
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
 _KERNEL_MODULES = (
-    "kernels.checks",
-    "kernels.merge_splits",
-    "kernels.paged_attention",
-    "kernels.write_kv",
-    "kernels.copy_blocks",
+    "pageserve_kernels.checks",
+    "pageserve_kernels.merge_splits",
+    "pageserve_kernels.paged_attention",
+    "pageserve_kernels.write_kv",
+    "pageserve_kernels.copy_blocks",
 )
 
 

@@ -45,7 +45,7 @@ class AttentionBatch:
         return AttentionBatch(*(t.to(device) for t in self.args()[:-1]), scale=self.scale)
 
     def reference(self) -> torch.Tensor:
-        from kernels.reference import paged_attention_ref
+        from pageserve_kernels.reference import paged_attention_ref
 
         return paged_attention_ref(
             self.query.double(),

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.attention_launch import choose_num_splits, plan_launch
-from kernels.checks import KernelArgError
+from pageserve_kernels.attention_launch import choose_num_splits, plan_launch
+from pageserve_kernels.checks import KernelArgError
 
 CPU = torch.device("cpu")
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.checks import KernelArgError
-from kernels.copy_blocks import copy_blocks
-from kernels.dispatch import copy_blocks_torch
-from kernels.reference import copy_blocks_ref
+from pageserve_kernels.checks import KernelArgError
+from pageserve_kernels.copy_blocks import copy_blocks
+from pageserve_kernels.dispatch import copy_blocks_torch
+from pageserve_kernels.reference import copy_blocks_ref
 
 
 def layer_caches(num_caches: int, shape: tuple[int, ...], dtype: torch.dtype) -> list[torch.Tensor]:

@@ -1,4 +1,4 @@
-"""kernels/cpu_attention.py against kernels/reference.py: odd shapes, mixed batches, NaN-poisoned caches."""
+"""pageserve_kernels/cpu_attention.py against pageserve_kernels/reference.py: odd shapes, mixed batches, NaN-poisoned caches."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import shutil
 import pytest
 import torch
 
-from kernels import cpu_attention as ca
-from kernels import cpu_decode, cpu_prefill
-from kernels import reference as ref
+from pageserve_kernels import cpu_attention as ca
+from pageserve_kernels import cpu_decode, cpu_prefill
+from pageserve_kernels import reference as ref
 
 
 @pytest.fixture(params=["native", "torch"])

@@ -3,7 +3,7 @@ import sys
 
 # A subprocess: the point is the state of a fresh process after the native kernel loads.
 CODE = """
-from kernels import cpu_decode
+from pageserve_kernels import cpu_decode
 assert cpu_decode.load() is not None, "the native decode kernel did not build"
 tiny = 2.2250738585072014e-308 / 4  # a subnormal: flushed to 0.0 under flush-to-zero
 print(tiny != 0.0)

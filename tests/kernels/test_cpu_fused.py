@@ -1,4 +1,4 @@
-"""kernels/cpu_fused.py against the PyTorch references in kernels/fused_ops.py, on odd shapes.
+"""pageserve_kernels/cpu_fused.py against the PyTorch references in pageserve_kernels/fused_ops.py, on odd shapes.
 
 On an AVX2 CPU the C results equal PyTorch's bit for bit; the tolerances
 leave room for other vector widths (ATen's sum order differs on AVX-512).
@@ -12,8 +12,8 @@ import sys
 import pytest
 import torch
 
-from kernels import cpu_fused, fused_ops
-from kernels.fused_ops import (
+from pageserve_kernels import cpu_fused, fused_ops
+from pageserve_kernels.fused_ops import (
     fused_add_rms_norm_reference,
     rms_norm_reference,
     rotary_reference,
@@ -148,7 +148,7 @@ def test_native_kernels_off_means_no_library(monkeypatch: pytest.MonkeyPatch) ->
 def test_loading_the_library_keeps_subnormals(native: cpu_fused.NativeFused) -> None:
     """A fresh process: no flag of ours may turn on flush-to-zero (as -ffast-math would)."""
     code = (
-        "from kernels import cpu_fused\n"
+        "from pageserve_kernels import cpu_fused\n"
         "assert cpu_fused.load() is not None\n"
         "print(2.2250738585072014e-308 / 4 != 0.0)\n"
     )
@@ -157,7 +157,7 @@ def test_loading_the_library_keeps_subnormals(native: cpu_fused.NativeFused) -> 
 
 
 def test_benchmark_script_runs(native: cpu_fused.NativeFused, capsys: pytest.CaptureFixture[str]) -> None:
-    from kernels import bench_fused
+    from ops.bench.kernels import fused as bench_fused
 
     assert bench_fused.main(["--rows", "3", "--repeat", "5"]) == 0
     assert "silu_and_mul" in capsys.readouterr().out

@@ -1,4 +1,4 @@
-"""kernels/cpu_gemm.py (the AVX2 panel GEMM) against float64 products, and its place in engine/layers/linear.py."""
+"""pageserve_kernels/cpu_gemm.py (the AVX2 panel GEMM) against float64 products, and its place in engine/worker/layers/linear.py."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.layers import linear as linear_mod
-from kernels import cpu_gemm
+from engine.worker.layers import linear as linear_mod
+from pageserve_kernels import cpu_gemm
 
 native = cpu_gemm.load()
 needs_native = pytest.mark.skipif(native is None, reason="no AVX2+FMA CPU or no C compiler: oneDNN path only")

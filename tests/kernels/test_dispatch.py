@@ -6,8 +6,8 @@ import pytest
 import torch
 from triton.runtime.interpreter import InterpretedFunction
 
-from kernels import paged_attention as pa_module
-from kernels.dispatch import BackendError, select_backend
+from pageserve_kernels import paged_attention as pa_module
+from pageserve_kernels.dispatch import BackendError, select_backend
 from tests.kernels.factories import assert_close_to_reference, make_batch
 
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import torch
 
-from engine.layers.attention import KernelPagedAttention
+from engine.worker.layers.attention import KernelPagedAttention
 from engine.llm import LLM, GenerationResult
-from engine.scheduler_config import SchedulerConfig
-from engine.testing import tiny_llama_folder
+from engine.scheduling.config import SchedulerConfig
+from tests.support.tiny_model import tiny_llama_folder
 from shared.sampling import SamplingParams
 
 

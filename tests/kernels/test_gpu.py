@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.checks import interpreting
+from pageserve_kernels.checks import interpreting
 from tests.kernels.factories import assert_close_to_reference, make_batch
 
 pytestmark = pytest.mark.gpu
@@ -25,7 +25,7 @@ def _compiled_on_cuda() -> None:
 )
 @pytest.mark.parametrize("num_splits", [None, 1, 6])
 def test_paged_attention_compiled(dtype, group, head_dim, block_size, num_splits) -> None:
-    from kernels.paged_attention import paged_attention
+    from pageserve_kernels.paged_attention import paged_attention
 
     q_lens, seq_lens = [1, 1, 17, 0, 1, 200], [1, 1023, 49, 7, 4100, 333]
     batch = make_batch(
@@ -40,7 +40,7 @@ def test_paged_attention_compiled(dtype, group, head_dim, block_size, num_splits
 
 def test_paged_attention_captures_in_a_cuda_graph() -> None:
     """With host hints the launcher never syncs, so a decode step can be graph-captured."""
-    from kernels.paged_attention import paged_attention
+    from pageserve_kernels.paged_attention import paged_attention
 
     batch = make_batch(
         [1] * 4, [30, 700, 5, 2048], n_q=8, n_kv=2, head_dim=128, block_size=16, dtype=torch.float16
@@ -59,9 +59,9 @@ def test_paged_attention_captures_in_a_cuda_graph() -> None:
 
 
 def test_write_kv_and_copy_blocks_compiled() -> None:
-    from kernels.copy_blocks import copy_blocks
-    from kernels.reference import copy_blocks_ref, write_kv_ref
-    from kernels.write_kv import write_kv
+    from pageserve_kernels.copy_blocks import copy_blocks
+    from pageserve_kernels.reference import copy_blocks_ref, write_kv_ref
+    from pageserve_kernels.write_kv import write_kv
 
     k_cache = torch.randn(40, 16, 4, 128, device="cuda", dtype=torch.bfloat16)
     v_cache = torch.randn_like(k_cache)

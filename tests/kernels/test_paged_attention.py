@@ -8,9 +8,9 @@ import pytest
 import torch
 from triton.runtime.interpreter import InterpretedFunction
 
-from kernels import paged_attention as pa_module
-from kernels.checks import KernelArgError
-from kernels.paged_attention import paged_attention
+from pageserve_kernels import paged_attention as pa_module
+from pageserve_kernels.checks import KernelArgError
+from pageserve_kernels.paged_attention import paged_attention
 from tests.kernels.factories import assert_close_to_reference, make_batch
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.checks import KernelArgError
-from kernels.reference import swap_blocks_ref
-from kernels.swap_blocks import swap_blocks
+from pageserve_kernels.checks import KernelArgError
+from pageserve_kernels.reference import swap_blocks_ref
+from pageserve_kernels.swap_blocks import swap_blocks
 
 
 def pool(num_layers: int, num_blocks: int, device: str = "cpu", seed: int = 0) -> list[torch.Tensor]:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.checks import KernelArgError
-from kernels.reference import write_kv_ref
-from kernels.write_kv import write_kv
+from pageserve_kernels.checks import KernelArgError
+from pageserve_kernels.reference import write_kv_ref
+from pageserve_kernels.write_kv import write_kv
 
 
 def caches(num_blocks: int, block_size: int, n_kv: int, hd: int, dtype: torch.dtype):

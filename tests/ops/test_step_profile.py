@@ -6,7 +6,7 @@ from pathlib import Path
 
 from engine.config import CacheConfig, EngineConfig, ModelConfig
 from engine.core import EngineCore
-from engine.scheduler_config import SchedulerConfig
+from engine.scheduling.config import SchedulerConfig
 from ops.bench.step_profile import CATEGORIES, OTHER, categorize, format_profile, profile_steps
 from tests.engine.model_fixtures import random_prompts, tiny_model
 
@@ -19,15 +19,15 @@ def test_builtins_and_kernel_wrappers_fall_in_their_categories() -> None:
     assert categorize("<built-in method torch._C._nn.scaled_dot_product_attention>") == "attention: prompts"
     assert categorize("<method 'index_copy_' of 'torch._C.TensorBase' objects>") == "KV cache writes"
     assert categorize("<built-in method torch.tensor>") == OTHER
-    from kernels import cpu_decode, cpu_fused
+    from pageserve_kernels import cpu_decode, cpu_fused
 
     assert categorize(cpu_decode.NativeDecode.__call__.__code__) == "attention: decode"
     assert categorize(cpu_fused.NativeFused.silu_and_mul.__code__) == "norms, SiLU, rotary"
     assert categorize(cpu_fused.NativeFused.argmax.__code__) == "sampling"
-    from kernels import cpu_gemm
+    from pageserve_kernels import cpu_gemm
 
     assert categorize(cpu_gemm.NativeGemm.linear.__code__) == "matmul"
-    from kernels import cpu_prefill
+    from pageserve_kernels import cpu_prefill
 
     assert categorize(cpu_prefill.NativePrefill.__call__.__code__) == "attention: prompts"
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import signal
 import sys
 
-from engine.server import EngineInfo, EngineServer, ServerConfig
-from tests.engine.server_fake_core import FakeCore
+from engine.serving.server import EngineInfo, EngineServer, ServerConfig
+from tests.engine.serving.fake_core import FakeCore
 
 
 def main(listen: str) -> int:

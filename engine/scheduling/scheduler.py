@@ -1,0 +1,379 @@
+"""The scheduler: who computes which tokens each step, and who gives memory back.
+
+One rule for every request (vLLM V1): each step moves `num_computed_tokens` toward
+`num_tokens` under a token budget, so prefill chunks, prefix-cache hits and decodes
+share one step. `num_computed_tokens` is advanced at schedule time (the chunk's KV
+is written by that step's forward) and the blocks it fills are registered in the
+prefix cache right away, so requests sharing a prompt prefix and admitted in the same
+step compute it once. `update` appends the sampled token, forks n > 1 samples and
+finishes requests. A finished request's seat is refilled by the very next `schedule()`.
+Priorities: a lower value is more urgent (vLLM's convention).
+
+A step, in order:
+  0. (priority policy) an urgent waiting request that cannot fit may preempt running
+     requests at least `preemption_priority_gap` levels less urgent;
+  1. running requests, most urgent first; when one cannot get blocks, the least
+     urgent / cheapest unscheduled request is preempted (swap or recompute);
+  2. queued requests: swapped ones (resumed above a free-block watermark) before
+     waiting ones of equal or lower urgency; waiting ones in FairQueue order. Skipped
+     when step 1 preempted (anti-thrash).
+
+The runner applies a step's block moves before the forward pass, the swap-out first
+(or reading every source before writing): a block freed by a swap-out may be the
+destination of a copy or a swap-in of the same step. Copies and swap-ins never touch
+each other's blocks (copy sources stay held until the next step).
+
+Pure Python: no torch, no zmq. Knows nothing of tensors or text.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from engine.scheduling.block_manager import BlockManager, BlockPairs
+from engine.scheduling.fair_queue import FairQueue, aged_level
+from engine.outputs import RequestDelta, RunnerOutput, SchedulerOutput
+from engine.scheduling.preemption import pick_victim, plan_room, preempt_kind, victim_order
+from engine.request import Request, RequestStatus
+from engine.scheduling.request_checks import RequestRejected, validate_request
+from engine.scheduling.sample_group import SampleGroup, SampleState, make_delta, sample_ids, split_samples
+from engine.scheduling.checks import check_scheduler
+from engine.scheduling.config import SchedulerConfig, SchedulerStats
+from engine.scheduling.counters import Counters
+from engine.scheduling.step_builder import StepBuilder
+from engine.scheduling.stop_conditions import finish_status
+
+__all__ = ["RequestRejected", "Scheduler", "SchedulerConfig", "SchedulerStats"]
+
+
+class Scheduler:
+    """Continuous batching over `num_device_blocks` KV blocks of `block_size` tokens, with a
+    CPU pool of `num_cpu_blocks` for swapped requests. `clock` (seconds, monotonic) times
+    aging; tests pass a fake one. Request ids in chunks are internal sample ids; deltas
+    carry the client's id and the sample index."""
+
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        num_device_blocks: int,
+        num_cpu_blocks: int,
+        block_size: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.block_size = block_size
+        self.bm = BlockManager(num_device_blocks, num_cpu_blocks, block_size, config.enable_prefix_caching)
+        self.waiting = FairQueue(config.policy, config.aging_rate)
+        self.running: list[Request] = []
+        self.swapped: list[Request] = []
+        self._clock = clock
+        self._live: dict[str, SampleState] = {}  # internal id -> a live sample's bookkeeping
+        self._groups: dict[str, SampleGroup] = {}  # client id -> its samples
+        self._forking: set[SampleGroup] = set()  # groups whose samples 1..n-1 are pending
+        self._next_seq = 0
+        self._finished_ids: list[str] = []
+        self._counters = Counters()
+
+    # -- requests in and out -------------------------------------------------------------
+
+    def add_request(self, req: Request) -> None:
+        """Queue a request; n > 1 is split into n samples sharing the prompt's blocks."""
+        ids = [req.request_id] if req.sampling.n == 1 else sample_ids(req)
+        if req.request_id in self._groups or any(i in self._live for i in ids):
+            raise RequestRejected(f"request id {req.request_id!r} is already in use")
+        validate_request(req, self.config, self.bm.blocks_for, self.bm.device.num_blocks)
+        group = split_samples(req)
+        now = self._clock()
+        self._groups[group.client_id] = group
+        if group.pending:
+            self._forking.add(group)
+        for i, sample in enumerate(group.samples):
+            self._live[sample.request_id] = SampleState(sample, group, i, self._next_seq, now)
+            self._next_seq += 1
+        self.waiting.push(group.leader, self._seq_of(group.leader), now)
+
+    def abort_requests(self, request_ids: list[str]) -> list[RequestDelta]:
+        """Abort client requests (every sample); unknown or finished ids are ignored."""
+        deltas = []
+        for client_id in request_ids:
+            group = self._groups.get(client_id)
+            if group is None:
+                continue
+            for sample in group.live:
+                self._finish(sample, RequestStatus.FINISHED_ABORTED)
+                deltas.append(make_delta(sample, [], group, group.samples.index(sample)))
+        return deltas
+
+    def has_unfinished(self) -> bool:
+        return bool(self._live)
+
+    # -- one step ------------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        now = self._clock()
+        self.bm.end_step()
+        step = StepBuilder(budget=self.config.max_num_batched_tokens)
+        if self.config.policy == "priority":
+            self._preempt_for_urgent(now, step)
+        if not self._schedule_running(step):
+            self._schedule_queued(now, step)
+        out = step.build(self._finished_ids)
+        self._finished_ids = []
+        self._counters.end_step(len(step.chunks), out.num_tokens)
+        return out
+
+    def update(self, out: SchedulerOutput, runner_output: RunnerOutput) -> list[RequestDelta]:
+        """Append sampled tokens, fork pending samples, finish stopped requests."""
+        self.bm.end_step()  # the runner has applied this step's moves
+        deltas = []
+        for chunk in out.chunks:
+            state = self._live.get(chunk.request_id)
+            if state is None or state.req.status is not RequestStatus.RUNNING:
+                continue  # aborted since schedule()
+            req = state.req
+            if not chunk.sample:
+                continue
+            token = runner_output.sampled_token_ids.get(chunk.request_id)
+            if token is None:
+                raise RuntimeError(f"the runner sampled no token for {chunk.request_id}")
+            req.output_token_ids.append(token)
+            self._fork_pending(state)
+            status = finish_status(req, self.config.max_model_len)
+            if status is not None:
+                self._finish(req, status)
+            deltas.append(make_delta(req, [token], state.group, state.index))
+        return deltas
+
+    def _schedule_running(self, step: StepBuilder) -> bool:
+        """Give each running request its next chunk, preempting when blocks run out.
+        Returns whether anything was preempted for memory."""
+        preempted = False
+        queue = sorted(self.running, key=self._urgency)
+        while queue and step.budget > 0:
+            req = queue.pop(0)
+            num_new = self._num_new_tokens(req, 0, step.budget)
+            copies = self.bm.allocate(req, num_new)
+            while copies is None:
+                victim = pick_victim(queue, self._level_of, self._seq_of) or req
+                if victim is not req:
+                    queue.remove(victim)
+                self._preempt(victim, step, urgent=False)
+                preempted = True
+                if victim is req:
+                    break
+                copies = self.bm.allocate(req, num_new)
+            if copies is not None:
+                self._emit(req, num_new, copies, step)
+        return preempted
+
+    def _schedule_queued(self, now: float, step: StepBuilder) -> None:
+        """Resume swapped requests and admit waiting ones, most urgent first."""
+        while step.budget > 0:
+            swapped = min(
+                self.swapped, key=lambda r: (self._queued_level(r, now), self._seq_of(r)), default=None
+            )
+            waiting = self.waiting.peek(now)
+            if swapped is not None and (waiting is None or self._resume_first(swapped, waiting, now)):
+                if not self._has_seats(swapped) or not self._resume(swapped, step):
+                    return
+            elif waiting is not None:
+                if not self._has_seats(waiting) or not self._admit(waiting, step):
+                    return
+            else:
+                return
+
+    def _resume_first(self, swapped: Request, waiting: Request, now: float) -> bool:
+        if self.config.policy != "priority":
+            return self._seq_of(swapped) <= self._seq_of(waiting)
+        return self._queued_level(swapped, now) <= self.waiting.level(waiting, now)
+
+    def _resume(self, req: Request, step: StepBuilder) -> bool:
+        num_new = self._num_new_tokens(req, 0, step.budget)
+        after = self.bm.blocks_for(req.num_computed_tokens + num_new) - self.bm.num_swapped_blocks(req)
+        pairs = self.bm.swap_in(req, reserve=after + self._watermark(self.config.swap_in_watermark))
+        if pairs is None:
+            return False
+        copies = self.bm.allocate(req, num_new)
+        assert copies == [], "swap-in reserved the chunk's blocks"
+        step.swap_in += pairs
+        self._live[req.request_id].level = self._queued_level(req, self._clock())
+        self.swapped.remove(req)
+        req.transition(RequestStatus.RUNNING)
+        self.running.append(req)
+        self._counters.swapped_in(len(pairs))
+        self._emit(req, num_new, copies, step)
+        return True
+
+    def _admit(self, req: Request, step: StepBuilder) -> bool:
+        hit = self.bm.find_prefix(req)
+        num_new = self._num_new_tokens(req, hit.num_tokens, step.budget)
+        copies = self.bm.allocate(req, num_new, hit, reserve=self._watermark(self.config.admission_watermark))
+        if copies is None:
+            return False
+        state = self._live[req.request_id]
+        state.level = self.waiting.level(req, self._clock())
+        self.waiting.admit(req)
+        req.num_computed_tokens = hit.num_tokens
+        if not state.admitted:  # cached tokens are reported as of the first admission
+            state.admitted = True
+            req.num_cached_tokens = hit.num_tokens
+        self._counters.prefix_lookup(hit.num_tokens, req.num_tokens)
+        req.transition(RequestStatus.RUNNING)
+        self.running.append(req)
+        self._emit(req, num_new, copies, step)
+        return True
+
+    def _emit(self, req: Request, num_new: int, copies: BlockPairs, step: StepBuilder) -> None:
+        step.add_chunk(req, num_new, copies)
+        # Findable at once: a request admitted later in this step may hit these blocks, and
+        # reads them after this step's KV write (the runner writes every chunk's KV first).
+        self.bm.cache_full_blocks(req)
+        self.waiting.charge(req, num_new)
+
+    def _num_new_tokens(self, req: Request, num_cached: int, budget: int) -> int:
+        num_new = min(req.num_tokens - req.num_computed_tokens - num_cached, budget)
+        if self.config.long_prefill_token_threshold:
+            num_new = min(num_new, self.config.long_prefill_token_threshold)
+        assert num_new > 0, f"{req.request_id} has nothing to compute"
+        return num_new
+
+    # -- preemption ----------------------------------------------------------------------
+
+    def _preempt(self, victim: Request, step: StepBuilder, urgent: bool) -> None:
+        self.running.remove(victim)
+        kind = preempt_kind(
+            self.config, self.bm.num_held(victim), victim.num_computed_tokens, self.bm.num_free_cpu_blocks
+        )
+        pairs = self.bm.swap_out(victim) if kind == "swap" else None
+        if pairs is not None:
+            step.swap_out += pairs
+            victim.transition(RequestStatus.SWAPPED)
+            self.swapped.append(victim)
+        else:
+            self.bm.free(victim, forget=False)
+            victim.num_computed_tokens = 0
+            victim.transition(RequestStatus.WAITING)
+            state = self._live[victim.request_id]
+            self.waiting.push(victim, state.seq, state.enqueued_at)
+        self._counters.preempted(pairs, urgent)
+
+    def _preempt_for_urgent(self, now: float, step: StepBuilder) -> None:
+        """Make room for the head of the queue by preempting requests far less urgent."""
+        req = self.waiting.peek(now)
+        if req is None:
+            return
+        # The head's static priority: aging orders the queue but never makes a request preempt.
+        gap = self.config.preemption_priority_gap
+        candidates = [r for r in self.running if self._level_of(r) - req.priority >= gap]
+        if not candidates:
+            return
+        hit = self.bm.find_prefix(req)
+        num_new = self._num_new_tokens(req, hit.num_tokens, step.budget)
+        growth = sum(self.bm.blocks_for(r.num_tokens) - self.bm.num_held(r) for r in self.running)
+        short_blocks = (
+            self.bm.num_new_blocks(req, num_new, hit)
+            + growth
+            + self._watermark(self.config.admission_watermark)
+            - self.bm.num_free_device_blocks
+        )
+        short_seats = self._seats_needed(req) - self._free_seats()
+        if short_blocks <= 0 and short_seats <= 0:
+            return
+        candidates.sort(key=victim_order(self._level_of, self._seq_of))
+        for victim in plan_room(candidates, short_blocks, short_seats, self._room_freed_by):
+            self._preempt(victim, step, urgent=True)
+
+    def _room_freed_by(self, victim: Request) -> tuple[int, int]:
+        """(blocks, seats) preempting `victim` makes available, its own growth included."""
+        growth = self.bm.blocks_for(victim.num_tokens) - self.bm.num_held(victim)
+        return self.bm.num_reclaimable(victim) + growth, 1 + self._pending_count(victim)
+
+    # -- seats, order, finishing ---------------------------------------------------------
+
+    def _pending_count(self, req: Request) -> int:
+        state = self._live[req.request_id]
+        return len(state.group.pending) if state.index == 0 else 0
+
+    def _seats_needed(self, req: Request) -> int:
+        return 1 + self._pending_count(req)
+
+    def _free_seats(self) -> int:
+        # Seats held for the pending samples of leaders that run (they fork into them).
+        reserved = sum(len(g.pending) for g in self._forking if g.leader.status is RequestStatus.RUNNING)
+        return self.config.max_num_seqs - len(self.running) - reserved
+
+    def _has_seats(self, req: Request) -> bool:
+        return self._seats_needed(req) <= self._free_seats()
+
+    def _watermark(self, fraction: float) -> int:
+        # A lone request must always fit, or it would wait forever for memory nobody holds.
+        return int(fraction * self.bm.device.num_blocks) if self.running else 0
+
+    def _seq_of(self, req: Request) -> int:
+        return self._live[req.request_id].seq
+
+    def _urgency(self, req: Request) -> tuple[int, int]:
+        return (self._level_of(req), self._seq_of(req))
+
+    def _level_of(self, req: Request) -> int:
+        """A request's urgency level once admitted: its priority, improved by the aging it
+        had when it was admitted or resumed (so an aged request is not preempted at once)."""
+        if self.config.policy != "priority":
+            return 0
+        level = self._live[req.request_id].level
+        return req.priority if level is None else level
+
+    def _queued_level(self, req: Request, now: float) -> int:
+        if self.config.policy != "priority":
+            return 0
+        enqueued_at = self._live[req.request_id].enqueued_at
+        return aged_level(req.priority, enqueued_at, now, self.config.aging_rate)
+
+    def _fork_pending(self, state: SampleState) -> None:
+        """The leader's prompt KV is written: the pending samples share it and start."""
+        leader, group = state.req, state.group
+        if state.index != 0 or not group.pending:
+            return
+        shared = leader.num_prompt_tokens - 1
+        for follower in group.pending:
+            self.bm.fork(leader, follower, shared)
+            follower.num_computed_tokens = shared
+            follower.num_cached_tokens = leader.num_cached_tokens
+            follower_state = self._live[follower.request_id]
+            follower_state.level, follower_state.admitted = self._level_of(leader), True
+            follower.transition(RequestStatus.RUNNING)
+            self.running.append(follower)
+        group.pending = []
+        self._forking.discard(group)
+
+    def _finish(self, req: Request, status: RequestStatus) -> None:
+        rid = req.request_id
+        group = self._live.pop(rid).group
+        if req.status is RequestStatus.RUNNING:
+            self.running.remove(req)
+        elif req.status is RequestStatus.SWAPPED:
+            self.swapped.remove(req)
+        elif not self.waiting.remove(req):
+            group.pending.remove(req)
+        req.transition(status)
+        self.bm.free(req)
+        self._finished_ids.append(rid)
+        if not group.live:
+            del self._groups[group.client_id]
+            self._forking.discard(group)
+
+    # -- observability -------------------------------------------------------------------
+
+    def stats(self) -> SchedulerStats:
+        pending = sum(len(g.pending) for g in self._groups.values())
+        return self._counters.snapshot(
+            running=len(self.running),
+            waiting=len(self.waiting) + pending,
+            swapped=len(self.swapped),
+            bm=self.bm,
+        )
+
+    def check_invariants(self) -> None:
+        """Assert block accounting and every request's state agree (tests call it every step)."""
+        check_scheduler(self)

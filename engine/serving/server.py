@@ -1,0 +1,407 @@
+"""The engine process: one ZeroMQ ROUTER socket in front of one EngineCore.
+
+    gateway A (DEALER) ──┐                     ┌─ drain every pending message (never blocks)
+    gateway B (DEALER) ──┼── ROUTER  ── loop ──┼─ core.step()            while there is work
+    gateway C (DEALER) ──┘   (identity)        └─ one StepOutputs per gateway per step
+                                                when idle: block in poll (no spinning)
+
+Gateways are told apart by their ZeroMQ routing identity; every request remembers
+the identity that sent it, so outputs go back only there. Messages are drained
+before each step, so an Abort always takes effect before the next step. A
+malformed or unexpected message is logged and answered with an Error; the loop
+goes on. An exception from the core is fatal: every gateway is told (Error kind
+"engine") and the process exits 1. SIGTERM/SIGINT stop admissions (new
+requests get an Error with code SHUTTING_DOWN), give in-flight requests
+`shutdown_grace_s` to finish, abort the rest, tell every gateway, and exit 0.
+A gateway that says Bye, or whose connection is gone (the next send to it
+fails), is forgotten and its requests are aborted.
+
+This module owns the socket, the loop and the process lifecycle (the in-flight
+table in engine/serving/inflight.py does the per-request bookkeeping); it knows neither
+tokenizers nor HTTP, and nothing about how the core schedules or computes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import faulthandler
+import logging
+import math
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+import zmq
+
+from engine.serving.inflight import InFlightTable
+from engine.outputs import RequestDelta
+from engine.request import Request
+from engine.serving.step_stats import CoreCounts, StepStats
+from shared.protocol import (
+    PROTOCOL_VERSION,
+    SHUTTING_DOWN,
+    Abort,
+    AddRequest,
+    Bye,
+    Error,
+    GetStats,
+    Hello,
+    Message,
+    ProtocolError,
+    Ready,
+    StepOutputs,
+    decode,
+    encode,
+)
+
+log = logging.getLogger("pageserve.engine")
+
+
+class CoreLike(Protocol):
+    """What the server needs from engine.core.EngineCore."""
+
+    def add_request(self, request: Request) -> None: ...
+    def abort_requests(self, request_ids: Iterable[str]) -> list[RequestDelta]:
+        """Stop these requests now (their blocks are freed); the returned deltas are not needed here."""
+        ...
+
+    def step(self) -> list[RequestDelta]: ...
+    def has_unfinished_requests(self) -> bool: ...
+    def counts(self) -> CoreCounts: ...
+
+
+MAX_MESSAGE_BYTES = 64 << 20
+"""Largest frame a gateway may send (a 100k-token prompt is under 1 MiB)."""
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """Facts about the loaded model that gateways need (sent in Ready) and requests are checked against."""
+
+    model_name: str
+    max_model_len: int
+    block_size: int
+    eos_token_id: int | None
+    num_blocks: int
+    vocab_size: int
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    listen: str = "tcp://127.0.0.1:5555"
+    """ZeroMQ address to bind: tcp://HOST:PORT or ipc:///path."""
+    shutdown_grace_s: float = 5.0
+    """On SIGTERM, in-flight requests get this long to finish before they are aborted."""
+    close_linger_ms: int = 2000
+    """How long final messages (the shutdown Error) may take to flush at exit."""
+
+
+class EngineServer:
+    def __init__(self, core: CoreLike, info: EngineInfo, config: ServerConfig) -> None:
+        self.core, self.info, self.config = core, info, config
+        self._ctx = zmq.Context()
+        self._sock = self._ctx.socket(zmq.ROUTER)
+        self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a send to a gone gateway raises, not vanishes
+        self._sock.setsockopt(zmq.SNDHWM, 0)  # never drop outputs for a slow gateway
+        self._sock.setsockopt(zmq.RCVHWM, 0)
+        self._sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)  # a bigger frame drops its sender
+        # ZMTP heartbeats (answered by libzmq's I/O thread even mid-step) drop a silently dead
+        # gateway's connection, so the next send to it fails and its requests are aborted.
+        self._sock.setsockopt(zmq.HEARTBEAT_IVL, 1000)
+        self._sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 10_000)
+        self._sock.bind(config.listen)
+        self.address: str = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        # Signals and other threads wake the poll through this pair (see request_stop).
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._poller = zmq.Poller()
+        self._poller.register(self._sock, zmq.POLLIN)
+        self._poller.register(self._wake_r.fileno(), zmq.POLLIN)
+        self._gateways: dict[bytes, str] = {}
+        self._inflight = InFlightTable()
+        self._stop_deadline: float | None = None
+        self.stats = StepStats()
+
+    # ----------------------------------------------------------------- lifecycle
+
+    def request_stop(self) -> None:
+        """Begin a graceful shutdown; safe from a signal handler or another thread."""
+        now = time.monotonic()
+        # A second request (Ctrl-C twice) skips what is left of the grace period.
+        self._stop_deadline = now + self.config.shutdown_grace_s if self._stop_deadline is None else now
+        with contextlib.suppress(BlockingIOError):  # the pipe is full: a wake-up is pending anyway
+            self._wake_w.send(b"x")
+
+    def serve(self) -> int:
+        """Run until stopped; returns the process exit code (0 after SIGTERM, 1 after a fatal error)."""
+        log.info("engine listening on %s (model %s, %d KV blocks of %d tokens)", self.address,
+                 self.info.model_name, self.info.num_blocks, self.info.block_size)
+        try:
+            while not self._done_stopping():
+                self._wait_for_io()
+                started = time.perf_counter()
+                self._drain()
+                if self.core.has_unfinished_requests():
+                    self._step(started)
+        except Exception as e:
+            log.exception("fatal engine error")
+            self._broadcast_engine_error(f"engine failed: {type(e).__name__}: {e}")
+            self._close()
+            return 1
+        self._finish_shutdown()
+        self._close()
+        return 0
+
+    def _done_stopping(self) -> bool:
+        if self._stop_deadline is None:
+            return False
+        return not self._inflight or time.monotonic() >= self._stop_deadline
+
+    def _wait_for_io(self) -> None:
+        if self.core.has_unfinished_requests():
+            timeout: int | None = 0  # work to do: only look, never wait
+        elif self._stop_deadline is not None:
+            timeout = math.ceil(max(0.0, self._stop_deadline - time.monotonic()) * 1000)
+        else:
+            timeout = None  # idle: sleep until a message or a signal arrives
+        events = dict(self._poller.poll(timeout))
+        if self._wake_r.fileno() in events:
+            try:
+                while self._wake_r.recv(4096):
+                    pass
+            except BlockingIOError:
+                pass
+
+    def _finish_shutdown(self) -> None:
+        aborted = self._inflight.ids()
+        if aborted:
+            self.core.abort_requests(aborted)
+            self._inflight.drop(aborted)
+            self.stats.num_aborted += len(aborted)
+            log.info("shutdown: aborted %d in-flight requests after the grace period", len(aborted))
+        self._broadcast_engine_error(
+            f"engine shutting down (stop requested); {len(aborted)} in-flight request(s) aborted"
+        )
+
+    def _close(self) -> None:
+        self._sock.close(linger=self.config.close_linger_ms)
+        self._ctx.term()  # returns once the final messages are flushed (or the linger ran out)
+        if self.address.startswith("ipc://"):  # libzmq leaves the socket file behind
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.address.removeprefix("ipc://"))
+        log.info("engine stopped")
+        self._wake_r.close()
+        self._wake_w.close()
+
+    # ----------------------------------------------------------------- incoming
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                frames = self._sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if len(frames) != 2:
+                log.warning("dropping a message with %d frames (expected identity + payload)", len(frames))
+                if len(frames) > 2:
+                    self._send(frames[0], Error(None, "request", "expected exactly one frame per message"))
+                continue
+            self._handle(frames[0], frames[1])
+
+    def _handle(self, gateway: bytes, frame: bytes) -> None:
+        try:
+            msg = decode(frame)
+        except ProtocolError as e:
+            log.warning("malformed message from gateway %s: %s", self._name(gateway), e)
+            self._send(gateway, Error(e.request_id, "request", f"malformed message: {e}"))
+            return
+        if isinstance(msg, Hello):
+            self._on_hello(gateway, msg)
+        elif gateway not in self._gateways:
+            self._send(gateway, Error(None, "request", "send Hello before any other message"))
+        elif isinstance(msg, AddRequest):
+            self._on_add(gateway, msg)
+        elif isinstance(msg, Abort):
+            self._on_abort(gateway, msg.request_ids)
+        elif isinstance(msg, GetStats):
+            counts = self.core.counts()
+            self._send(gateway, self.stats.snapshot(counts, len(self._gateways), self._inflight.num_finished))
+        elif isinstance(msg, Bye):
+            self._forget_gateway(gateway, f"said goodbye ({msg.reason or 'no reason'})")
+        else:
+            log.warning("unexpected %s from gateway %s", type(msg).__name__, self._name(gateway))
+            self._send(gateway, Error(None, "request", f"a gateway may not send {type(msg).__name__}"))
+
+    def _on_hello(self, gateway: bytes, hello: Hello) -> None:
+        if hello.protocol_version != PROTOCOL_VERSION:
+            log.warning("refused gateway %s: protocol version %d", hello.gateway_id, hello.protocol_version)
+            self._send(gateway, Error(None, "engine", (
+                f"protocol version mismatch: the engine speaks version {PROTOCOL_VERSION}, "
+                f"gateway {hello.gateway_id!r} speaks version {hello.protocol_version}")))
+            return
+        self._gateways[gateway] = hello.gateway_id
+        log.info("gateway %s connected", hello.gateway_id)
+        i = self.info
+        self._send(gateway, Ready(PROTOCOL_VERSION, i.model_name, i.max_model_len, i.block_size,
+                                  i.eos_token_id, i.num_blocks))
+
+    def _on_add(self, gateway: bytes, add: AddRequest) -> None:
+        if self._stop_deadline is not None:
+            self._send(gateway, Error(add.request_id, "request", "the engine is shutting down and admits no new "
+                                      "requests", code=SHUTTING_DOWN))
+            return
+        problem = self._check_add(add)
+        if problem is not None:
+            self._send(gateway, Error(add.request_id, "request", problem))
+            return
+        request = Request(
+            request_id=add.request_id, prompt_token_ids=list(add.prompt_token_ids), sampling=add.sampling,
+            arrival_time=add.arrival_time or time.time(), priority=add.priority, tenant_id=add.tenant_id,
+            weight=add.weight, cache_salt=add.cache_salt, eos_token_id=self.info.eos_token_id,
+        )
+        try:
+            self.core.add_request(request)
+        except ValueError as e:  # the core's verdict on a request it cannot serve
+            self._send(gateway, Error(add.request_id, "request", str(e)))
+            return
+        self._inflight.add(add, gateway)
+
+    def _check_add(self, add: AddRequest) -> str | None:
+        if add.request_id in self._inflight:
+            return f"request id {add.request_id!r} is already in flight"
+        n, limit = len(add.prompt_token_ids), self.info.max_model_len
+        if n == 0:
+            return "the prompt is empty"
+        if n >= limit:
+            return f"the prompt has {n} tokens; the model's context is {limit} tokens (prompt + output)"
+        if not (add.weight > 0 and math.isfinite(add.weight)):
+            return f"weight must be a positive finite number, got {add.weight}"
+        vocab = self.info.vocab_size
+        if min(add.prompt_token_ids) < 0 or max(add.prompt_token_ids) >= vocab:
+            return f"prompt token ids must be in [0, {vocab})"
+        return None
+
+    def _on_abort(self, gateway: bytes, request_ids: list[str]) -> None:
+        mine = self._inflight.owned(gateway, request_ids)
+        if not mine:
+            return  # finished already, or not this gateway's to abort
+        self.core.abort_requests(mine)
+        finished = [fin for rid in mine for fin in self._inflight.finish_all(rid, "abort")]
+        self.stats.num_aborted += len(mine)
+        self._send(gateway, StepOutputs([], finished, self.stats.num_steps))
+
+    # ----------------------------------------------------------------- outgoing
+
+    def _step(self, started: float) -> None:
+        """One core step and its outputs; `started` is when this loop turn began draining messages."""
+        step_start = time.perf_counter()
+        deltas = self.core.step()
+        step_end = time.perf_counter()
+        for gateway, (token_deltas, finished) in self._inflight.route(deltas).items():
+            self._send(gateway, StepOutputs(token_deltas, finished, self.stats.num_steps + 1))
+        self.stats.record_step(len({d.request_id for d in deltas}), step_seconds=step_end - step_start,
+                               loop_seconds=time.perf_counter() - started)
+
+    def _send(self, gateway: bytes, msg: Message) -> None:
+        try:
+            self._sock.send_multipart([gateway, encode(msg)], zmq.NOBLOCK)
+        except zmq.ZMQError as e:
+            if e.errno == zmq.EHOSTUNREACH:
+                self._forget_gateway(gateway, "went away")
+            elif e.errno == zmq.EAGAIN:  # its queue is full: dropping outputs would corrupt its streams
+                self._forget_gateway(gateway, "cannot keep up (send queue full)")
+            else:
+                raise
+
+    def _forget_gateway(self, gateway: bytes, why: str) -> None:
+        """The gateway left: nobody will read its requests' outputs, so stop them."""
+        name = self._gateways.pop(gateway, None)
+        orphans = self._inflight.of_gateway(gateway)
+        if orphans:
+            self.core.abort_requests(orphans)
+            self._inflight.drop(orphans)
+            self.stats.num_aborted += len(orphans)
+        log.info("gateway %s %s; aborted its %d requests", name, why, len(orphans))
+
+    def _broadcast_engine_error(self, message: str) -> None:
+        for gateway in list(self._gateways):
+            self._send(gateway, Error(None, "engine", message))
+
+    def _name(self, gateway: bytes) -> str:
+        return self._gateways.get(gateway, gateway.hex())
+
+
+# --------------------------------------------------------------------------- process entry
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="pageserve engine", description="Run the engine process.")
+    p.add_argument("--model", default="smollm2", help="short name or local Hugging Face folder")
+    p.add_argument("--listen", default="tcp://127.0.0.1:5555", help="tcp://HOST:PORT or ipc:///PATH")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--max-model-len", type=int, default=None, help="default: the smaller of the model's context and 2048 (SchedulerConfig.max_model_len)")
+    p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    p.add_argument("--kv-cache-memory", type=float, default=2.0, help="GiB for the device KV pool")
+    p.add_argument("--swap-space", type=float, default=0.5, help="GiB for the CPU swap pool")
+    p.add_argument("--num-blocks", type=int, default=None, help="force the device block count")
+    p.add_argument("--max-num-seqs", type=int, default=64, help="most requests running at once")
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget per step")
+    p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--policy", default="priority", choices=["priority", "fcfs"],
+                   help="admission order: (aged) priority then fair share, or arrival only")
+    p.add_argument("--preemption-mode", default="auto", choices=["auto", "swap", "recompute"])
+    p.add_argument("--preemption-priority-gap", type=int, default=1,
+                   help="levels more urgent a waiting request must be to preempt a running one")
+    p.add_argument("--aging-rate", type=float, default=0.1, help="priority levels gained per second waited")
+    p.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--shutdown-grace", type=float, default=5.0, help="seconds in-flight requests get on SIGTERM")
+    p.add_argument("--log-level", default="INFO")
+    return p
+
+
+def _exit_during_startup(signum: int, frame: object) -> None:
+    log.info("stopped by signal %d while starting", signum)
+    raise SystemExit(0)
+
+
+def _probe_listen(address: str) -> None:
+    """Raise ValueError if the address cannot be bound (taken, malformed)."""
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    try:
+        sock.bind(address)
+    except zmq.ZMQError as e:
+        raise ValueError(f"cannot listen on {address}: {e}") from None
+    finally:
+        sock.close(linger=0)
+        ctx.term()
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for sig in (signal.SIGTERM, signal.SIGINT):  # nothing admitted yet, nobody to tell: just leave
+        signal.signal(sig, _exit_during_startup)
+    try:
+        _probe_listen(args.listen)  # fail at once, not after torch and the model loaded
+        log.info("loading model %s (%s)", args.model, args.dtype)
+        from engine.serving.core_factory import build_core  # torch and the model load only here
+
+        core, info = build_core(args)
+    except ValueError as e:  # a configuration error: say it plainly, no traceback
+        print(f"pageserve engine: {e}", file=sys.stderr)
+        return 2
+    server = EngineServer(core, info, ServerConfig(listen=args.listen, shutdown_grace_s=args.shutdown_grace))
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: server.request_stop())
+    faulthandler.register(signal.SIGUSR1)  # `kill -USR1 PID` prints every thread's stack: a slow step shows
+    return server.serve()

@@ -1,0 +1,89 @@
+"""One scheduler step as flat tensors: what the model and attention read.
+
+    chunks (scheduler order)   ->  rows: [ decodes, longest context first | prefill chunks ]
+    token_ids   (T,)   the chunks' tokens, concatenated
+    positions   (T,)   start_position .. start_position + len - 1 per chunk
+    slot_mapping (T,)  block_ids[p // block_size] * block_size + p % block_size
+    seq_lens    (B,)   start_position + len: tokens in the cache after the write
+    logits_indices (N,) the last row of every chunk that samples (only these reach lm_head)
+
+Decodes go first, sorted by context length, so that the CPU attention plan's
+decode groups are contiguous row ranges. Everything is computed from host-side
+Python lists; no tensor is read back. Knows nothing about the model's weights.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.worker.layers.attention import AttentionMetadata
+from engine.outputs import ScheduledChunk
+from pageserve_kernels.cpu_attention import compute_slot_mapping, plan_attention
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    input_ids: torch.Tensor
+    """(T,) int64"""
+    positions: torch.Tensor
+    """(T,) int64"""
+    meta: AttentionMetadata
+    logits_indices: torch.Tensor
+    """(N,) int64 rows whose hidden state is turned into logits."""
+    sampled: list[ScheduledChunk]
+    """The N chunks that sample, in logits_indices order."""
+
+
+def order_chunks(chunks: list[ScheduledChunk]) -> list[ScheduledChunk]:
+    """Decodes first (longest context first), then multi-token chunks in scheduler order."""
+    decodes = [c for c in chunks if len(c.token_ids) == 1]
+    decodes.sort(key=lambda c: -c.start_position)
+    return decodes + [c for c in chunks if len(c.token_ids) != 1]
+
+
+def build_step_inputs(
+    chunks: list[ScheduledChunk], block_size: int, device: torch.device, plan: bool, native: bool = False
+) -> StepInputs:
+    """`chunks` must already be in `order_chunks` order; `plan` builds the CPU attention plan
+    (`native`: with decodes for the C kernel)."""
+    token_ids: list[int] = []
+    positions: list[int] = []
+    query_lens, seq_lens, tables, starts, logits_rows = [], [], [], [0], []
+    sampled: list[ScheduledChunk] = []
+    for c in chunks:
+        n = len(c.token_ids)
+        if n == 0:
+            raise ValueError(f"request {c.request_id}: empty chunk")
+        token_ids.extend(c.token_ids)
+        positions.extend(range(c.start_position, c.start_position + n))
+        query_lens.append(n)
+        seq_lens.append(c.start_position + n)
+        tables.append(c.block_ids)
+        starts.append(starts[-1] + n)
+        if c.sample:
+            logits_rows.append(starts[-1] - 1)
+            sampled.append(c)
+    max_blocks = max(len(t) for t in tables)
+    attention_plan = plan_attention(query_lens, seq_lens, tables, block_size, device, native) if plan else None
+    if attention_plan is not None:
+        slot_mapping = attention_plan.slot_mapping
+    else:
+        slot_mapping = torch.tensor(compute_slot_mapping(query_lens, seq_lens, tables, block_size), device=device)
+    meta = AttentionMetadata(
+        slot_mapping=slot_mapping,
+        query_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+        block_tables=torch.tensor([t + [0] * (max_blocks - len(t)) for t in tables], dtype=torch.int32, device=device),
+        max_query_len=max(query_lens),
+        max_seq_len=max(seq_lens),
+        plan=attention_plan,
+    )
+    return StepInputs(
+        input_ids=torch.tensor(token_ids, dtype=torch.int64, device=device),
+        positions=torch.tensor(positions, dtype=torch.int64, device=device),
+        meta=meta,
+        logits_indices=torch.tensor(logits_rows, dtype=torch.int64, device=device),
+        sampled=sampled,
+    )

@@ -1,0 +1,118 @@
+"""Self-attention over the paged KV cache: QKV projection, rotary, cache write, paged attention, output.
+
+Each step, the new tokens' K/V are written into their slots of the cache
+(`AttentionMetadata.slot_mapping`), then every query attends through its
+request's block table to all earlier tokens (cached by earlier steps, or
+written just now). There is never a per-request contiguous cache.
+
+Which implementation does the paging is the backend's business:
+`TorchPagedAttention` (pageserve_kernels/cpu_attention.py, planned once per step) or
+`KernelPagedAttention` (any `pageserve_kernels.dispatch.AttentionBackend`, e.g. Triton).
+This module knows nothing about requests or scheduling.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from engine.worker.layers.linear import Packed, linear, pack
+from pageserve_kernels import cpu_attention
+from pageserve_kernels.cpu_attention import AttentionPlan
+from pageserve_kernels.fused_ops import rotate_qk
+
+
+@dataclass(frozen=True)
+class AttentionMetadata:
+    """One step's flat batch as attention sees it; built once by the runner, read by every layer."""
+
+    slot_mapping: torch.Tensor
+    """(T,) int64: cache slot of each new token."""
+    query_start_loc: torch.Tensor
+    """(B + 1,) int32: request b owns rows query_start_loc[b] : query_start_loc[b + 1]."""
+    seq_lens: torch.Tensor
+    """(B,) int32: tokens of request b in the cache after this step's write."""
+    block_tables: torch.Tensor
+    """(B, max_blocks) int32: physical block of each logical block (padding repeats block 0)."""
+    max_query_len: int
+    max_seq_len: int
+    plan: AttentionPlan | None = None
+    """The torch backend's per-step plan (decode groups, chunks); None for kernel backends."""
+
+
+class PagedAttentionOp(Protocol):
+    def __call__(
+        self,
+        query: torch.Tensor,  # (T, n_q, hd)
+        key: torch.Tensor,  # (T, n_kv, hd)
+        value: torch.Tensor,  # (T, n_kv, hd)
+        key_cache: torch.Tensor,  # (num_blocks, block_size, n_kv, hd)
+        value_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor: ...  # (T, n_q, hd)
+
+
+class TorchPagedAttention:
+    """pageserve_kernels/cpu_attention.py: the step's plan is reused by every layer."""
+
+    def __call__(self, query, key, value, key_cache, value_cache, meta, scale):  # type: ignore[no-untyped-def]
+        assert meta.plan is not None, "the torch backend needs a planned step"
+        cpu_attention.store_kv(key, value, key_cache, value_cache, meta.slot_mapping)
+        return cpu_attention.attend(query, key_cache, value_cache, meta.plan, scale, fresh_kv=(key, value))
+
+
+class KernelPagedAttention:
+    """Any backend with pageserve_kernels/reference.py's signatures (pageserve_kernels.dispatch.AttentionBackend)."""
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+
+    def __call__(self, query, key, value, key_cache, value_cache, meta, scale):  # type: ignore[no-untyped-def]
+        self.backend.write_kv(key, value, key_cache, value_cache, meta.slot_mapping)
+        return self.backend.paged_attention(
+            query, key_cache, value_cache, meta.block_tables, meta.query_start_loc, meta.seq_lens, scale,
+            max_query_len=meta.max_query_len, max_seq_len=meta.max_seq_len,
+        )
+
+
+class Attention(nn.Module):
+    def __init__(
+        self, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int, bias: bool, dtype: torch.dtype
+    ) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.q_size, self.kv_size = num_heads * head_dim, num_kv_heads * head_dim
+        self.scale = head_dim**-0.5
+        qkv_rows = self.q_size + 2 * self.kv_size
+        # q, k and v projections fused into one matrix: one product instead of three.
+        self.qkv_weight = nn.Parameter(torch.empty(qkv_rows, hidden_size, dtype=dtype), requires_grad=False)
+        self.qkv_bias = nn.Parameter(torch.zeros(qkv_rows, dtype=dtype), requires_grad=False) if bias else None
+        self.o_weight = nn.Parameter(torch.empty(hidden_size, self.q_size, dtype=dtype), requires_grad=False)
+        self.qkv_packed: Packed | None = None
+        self.o_packed: Packed | None = None
+
+    def pack_weights(self) -> None:
+        """Prepack the projections once the weights are loaded (engine/worker/layers/linear.py)."""
+        self.qkv_packed, self.o_packed = pack(self.qkv_weight), pack(self.o_weight)
+
+    def forward(
+        self,
+        x: torch.Tensor,  # (T, H)
+        cos: torch.Tensor,  # (T, 1, hd)
+        sin_signed: torch.Tensor,  # (T, 1, hd)
+        kv_cache: tuple[torch.Tensor, torch.Tensor],  # this layer's K and V pools
+        meta: AttentionMetadata,
+        paged_attention: PagedAttentionOp,
+    ) -> torch.Tensor:  # (T, H)
+        t = x.shape[0]
+        qkv = linear(x, self.qkv_weight, self.qkv_packed, self.qkv_bias)  # (T, q_size + 2 kv_size)
+        qk = qkv[:, : self.q_size + self.kv_size].view(t, self.num_heads + self.num_kv_heads, self.head_dim)
+        qk = rotate_qk(qk, cos, sin_signed)  # q and k heads rotated together (in place on the C path)
+        q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]  # (T, n_q, hd), (T, n_kv, hd)
+        v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, self.head_dim)  # (T, n_kv, hd)
+        o = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)  # (T, n_q, hd)
+        return linear(o.reshape(t, self.q_size), self.o_weight, self.o_packed)

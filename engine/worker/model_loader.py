@@ -1,0 +1,121 @@
+"""Weights from a Hugging Face folder into our `LlamaModel`, read straight from safetensors.
+
+`shared.model_store.resolve_model(spec)` turns "smollm2" or a local path into a
+folder holding config.json and model.safetensors (or shards with an index).
+Their tensors are renamed and fused here (q|k|v -> qkv, gate|up -> gate_up)
+and cast to the engine's dtype; transformers is not involved, so any local
+Llama-family folder loads the same way. Tied models point lm_head at the
+embedding matrix. This module knows nothing about KV caches or requests.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+
+from engine.config import ModelConfig
+from engine.worker.models.llama import LlamaModel, LlamaShape, ModelConfigError
+from pageserve_kernels.cpu_features import has_fast_matmul
+from shared.model_store import ModelFiles, resolve_model
+
+log = logging.getLogger("pageserve.engine")
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    model: LlamaModel
+    shape: LlamaShape
+    name: str
+    """The served model name."""
+    path: Path
+    """The HF folder (tokenizer files live there too)."""
+    max_model_len: int
+    """min(the config's max_model_len, the model's max_position_embeddings)."""
+    eos_token_id: int | None
+
+
+def load_model(config: ModelConfig) -> LoadedModel:
+    files = resolve_model(config.model)
+    shape = LlamaShape.from_hf_config(files.config)
+    max_len = min(config.max_model_len or shape.max_position_embeddings, shape.max_position_embeddings)
+    dtype = DTYPES[config.dtype]
+    if torch.device(config.device).type == "cpu" and not has_fast_matmul(dtype):
+        log.warning("%s products have no hardware support on this CPU (no AVX512-BF16/FP16 or AMX): they are "
+                    "emulated and run several times slower than float32; --dtype float32 is faster here",
+                    config.dtype)
+    model = LlamaModel(shape, dtype, max_len)
+    _load_weights(model, shape, files, dtype)
+    model.to(config.device)
+    model.rotary.cos = model.rotary.cos.to(config.device)
+    model.rotary.sin_signed = model.rotary.sin_signed.to(config.device)
+    model.eval()
+    model.pack_weights()  # after the move: packed layouts are device-specific
+    return LoadedModel(model, shape, files.name, files.path, max_len, _eos_token_id(files))
+
+
+def _eos_token_id(files: ModelFiles) -> int | None:
+    eos: Any = files.config.get("eos_token_id")
+    gen = files.path / "generation_config.json"
+    if eos is None and gen.is_file():
+        eos = json.loads(gen.read_text()).get("eos_token_id")
+    if isinstance(eos, list):
+        return int(eos[0]) if eos else None
+    return None if eos is None else int(eos)
+
+
+def _read_tensors(folder: Path) -> dict[str, torch.Tensor]:
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    elif (folder / "model.safetensors").is_file():
+        shards = ["model.safetensors"]
+    else:
+        raise ModelConfigError(f"{folder} has no model.safetensors (nor a sharded index)")
+    tensors: dict[str, torch.Tensor] = {}
+    for shard in shards:
+        with safe_open(str(folder / shard), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
+                tensors[name] = f.get_tensor(name)
+    return tensors
+
+
+def _load_weights(model: LlamaModel, shape: LlamaShape, files: ModelFiles, dtype: torch.dtype) -> None:
+    w = _read_tensors(files.path)
+
+    def take(name: str) -> torch.Tensor:
+        try:
+            return w.pop(name).to(dtype)
+        except KeyError:
+            raise ModelConfigError(f"{files.path}: tensor {name!r} is missing") from None
+
+    with torch.no_grad():
+        model.embed.data = take("model.embed_tokens.weight")
+        for i, layer in enumerate(model.layers):
+            p = f"model.layers.{i}."
+            layer.input_norm.weight.data = take(p + "input_layernorm.weight")
+            layer.post_attn_norm.weight.data = take(p + "post_attention_layernorm.weight")
+            qkv = [take(p + f"self_attn.{n}_proj.weight") for n in "qkv"]
+            layer.attn.qkv_weight.data = torch.cat(qkv, dim=0).contiguous()
+            if shape.attention_bias:
+                layer.attn.qkv_bias.data = torch.cat([take(p + f"self_attn.{n}_proj.bias") for n in "qkv"])
+            layer.attn.o_weight.data = take(p + "self_attn.o_proj.weight")
+            gate_up = [take(p + f"mlp.{n}_proj.weight") for n in ("gate", "up")]
+            layer.mlp.gate_up_weight.data = torch.cat(gate_up, dim=0).contiguous()
+            layer.mlp.down_weight.data = take(p + "mlp.down_proj.weight")
+        model.norm.weight.data = take("model.norm.weight")
+        if shape.tie_word_embeddings:
+            w.pop("lm_head.weight", None)
+            model.lm_head = model.embed  # tied: one matrix, two uses
+        else:
+            model.lm_head.data = take("lm_head.weight")
+    leftover = [n for n in w if not n.endswith("rotary_emb.inv_freq")]
+    if leftover:
+        raise ModelConfigError(f"{files.path}: unexpected tensors {leftover[:5]} (not a Llama-family model?)")

@@ -1,0 +1,181 @@
+"""Compile every kernel for a GPU target without a GPU: a build check for CUDA code paths.
+
+    python -m ops.kernels_aot            # all variants for sm_90 (H100/H200), one line each
+    python -m ops.kernels_aot --quick    # a representative few (tests/ops/test_kernels_aot.py)
+
+The interpreter proves the kernels compute the right thing; it never runs
+Triton's GPU compiler, so a kernel can pass every CPU test and still fail to
+compile, or compile into slow code. This lowers each variant through
+ttir -> ttgir -> ptx -> cubin (ptxas ships with triton) with the integer
+specialisation a real launch gets (pointers 16-byte aligned, strides multiples
+of 16), and reports shared memory and whether the paged-attention K/V loads
+became pipelined 16-byte asynchronous copies, which decode bandwidth needs.
+Must run with TRITON_INTERPRET unset or 0 (main() refuses otherwise).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    kernel: str  # module:function
+    ptr_types: dict[str, str]  # pointer args -> "*fp16" etc.
+    constexprs: dict[str, Any]
+    float_args: tuple[str, ...] = ()
+    num_warps: int = 4
+    num_stages: int = 3
+    wants_async_kv: bool = False
+
+
+DTYPE = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
+
+
+def attention_variant(dtype: str, hd: int, group: int, one_q: bool, splits: int, bs: int = 16) -> Variant:
+    import torch
+
+    from pageserve_kernels.attention_launch import plan_launch
+
+    t = DTYPE[dtype]
+    max_q = 1 if one_q else 200
+    plan = plan_launch(max_q, 1, group, 1, hd, max_q, 4096, torch.device("cpu"), num_splits=splits)
+    return Variant(
+        name=f"paged_attention {dtype} hd={hd} group={group} {'decode' if one_q else 'varlen'} splits={splits}",
+        kernel="pageserve_kernels.paged_attention:_paged_attention_kernel",
+        ptr_types={
+            **{n: f"*{t}" for n in ("out_ptr", "q_ptr", "k_cache_ptr", "v_cache_ptr")},
+            "part_out_ptr": "*fp32",
+            "part_lse_ptr": "*fp32",
+            **{n: "*i32" for n in ("block_tables_ptr", "query_start_loc_ptr", "seq_lens_ptr")},
+        },
+        float_args=("qk_scale",),
+        constexprs={
+            "HEAD_DIM": hd,
+            "HEAD_DIM_P": max(16, 1 << (hd - 1).bit_length()),
+            "GROUP": group,
+            "BLOCK_M": plan.block_m,
+            "BLOCK_Q": plan.block_q,
+            "BLOCK_SIZE": bs,
+            "TILE_N": plan.tile_n,
+            "NUM_SPLITS": splits,
+            "ONE_Q_BLOCK": plan.one_q_block,
+            "UPCAST": False,
+        },  # fmt: skip
+        num_warps=plan.num_warps,
+        wants_async_kv=dtype != "float32" and hd % 16 == 0,
+    )
+
+
+def other_variants(dtype: str) -> list[Variant]:
+    t = DTYPE[dtype]
+    return [
+        Variant(
+            f"merge_splits {dtype}",
+            "pageserve_kernels.merge_splits:_merge_splits_kernel",
+            {"out_ptr": f"*{t}", "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32"},
+            {"HEAD_DIM": 128, "HEAD_DIM_P": 128, "NUM_SPLITS": 7, "SPLITS_P": 8, "EXACT_BF16": False},
+        ),
+        Variant(
+            f"write_kv {dtype}",
+            "pageserve_kernels.write_kv:_write_kv_kernel",
+            {
+                "key_ptr": "*fp32",
+                "value_ptr": "*fp32",
+                "key_cache_ptr": f"*{t}",
+                "value_cache_ptr": f"*{t}",
+                "slot_mapping_ptr": "*i64",
+            },  # fmt: skip
+            {"BLOCK_SIZE": 16, "N_KV": 8, "HEAD_DIM": 128, "TILE": 1024, "EXACT_BF16": False},
+        ),
+        Variant(
+            f"copy_blocks {dtype}",
+            "pageserve_kernels.copy_blocks:_copy_blocks_kernel",
+            {"first_cache_ptr": f"*{t}", "cache_addresses_ptr": "*i64", "src_dst_ptr": "*i64"},
+            {"TILE": 1024},
+        ),
+    ]
+
+
+def variants(quick: bool) -> list[Variant]:
+    if quick:
+        return [
+            attention_variant("float16", 128, 4, True, 8),
+            attention_variant("bfloat16", 64, 3, False, 1),
+            *other_variants("bfloat16"),
+        ]
+    out = []
+    for dtype in DTYPE:
+        for hd in (64, 128, 80):
+            for group in (1, 4, 7):
+                out.append(attention_variant(dtype, hd, group, True, 1))
+                out.append(attention_variant(dtype, hd, group, True, 8))
+                out.append(attention_variant(dtype, hd, group, False, 1))
+        out.extend(other_variants(dtype))
+    return out
+
+
+@dataclass(frozen=True)
+class Compiled:
+    shared_bytes: int
+    async_16b_copies: int
+
+
+def compile_variant(v: Variant, arch: int) -> Compiled:
+    import importlib
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    module, name = v.kernel.split(":")
+    fn = getattr(importlib.import_module(module), name)
+    signature = {}
+    for arg in fn.arg_names:
+        if arg in v.constexprs:
+            signature[arg] = "constexpr"
+        elif arg in v.ptr_types:
+            signature[arg] = v.ptr_types[arg]
+        else:
+            signature[arg] = "fp32" if arg in v.float_args else "i32"
+    aligned = [a for a in fn.arg_names if a in v.ptr_types or a.startswith("stride_")]
+    attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}
+    src = ASTSource(fn, signature, v.constexprs, attrs)
+    options = {"num_warps": v.num_warps, "num_stages": v.num_stages}
+    kernel = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
+    ptx = kernel.asm["ptx"]
+    return Compiled(kernel.metadata.shared, ptx.count("cp.async.cg.shared.global"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m ops.kernels_aot", description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--arch", type=int, default=90, help="CUDA compute capability x10 (90: H100/H200)")
+    args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        print("unset TRITON_INTERPRET: the interpreter never compiles", file=sys.stderr)
+        return 2
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    failures = 0
+    for v in variants(args.quick):
+        try:
+            c = compile_variant(v, args.arch)
+        except Exception as exc:  # report every broken variant, not just the first
+            failures += 1
+            print(f"FAIL {v.name}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+            continue
+        slow = v.wants_async_kv and c.async_16b_copies == 0
+        failures += slow
+        note = "  NOT PIPELINED: K/V loads are not 16-byte async copies" if slow else ""
+        print(f"ok   {v.name}: {c.shared_bytes} B shared, {c.async_16b_copies} 16B async copies{note}")
+    print(f"{failures} failure(s) for sm_{args.arch}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,25 @@
+"""Attention, KV-cache and layer kernels: Triton for GPUs, PyTorch and C for CPUs, one reference for both.
+
+    reference.py        slow, obviously correct PyTorch: the definition every path is tested against
+    cpu_attention.py    the fast CPU path (the engine's CPU backend): plans a step, calls the C kernels or SDPA
+    cpu_decode.py       C: decode attention over the paged cache, float32 and bfloat16
+    cpu_prefill.py      C: causal attention of every prompt chunk of a step over the paged cache, float32
+    cpu_gemm.py         C: float32 products over prepacked 16-column weight panels (every projection)
+    cpu_fused.py        C: add + RMSNorm, SiLU-and-mul, rotary, argmax for the float32 CPU forward pass
+    native_build.py     compiles and caches the C kernels; PAGESERVE_NATIVE_KERNELS=0 turns them off
+    cpu_features.py     what this CPU computes natively (AVX2, FMA, AVX512-BF16, AMX) from /proc/cpuinfo
+    fused_ops.py        those ops for the layers: the C kernel where it applies, else the PyTorch reference
+    paged_attention.py  Triton: varlen paged attention (decode, prefill chunks, mixed), GQA, split-K
+    merge_splits.py     Triton: reduces paged attention's split-K partial results
+    write_kv.py         Triton: new keys/values into their cache slots
+    copy_blocks.py      Triton: copy-on-write block copies, every layer in one launch
+    swap_blocks.py      PyTorch: device <-> CPU pool swaps, one transfer per step
+    dispatch.py         select_backend("auto" | "torch" | "triton", device) -> AttentionBackend
+    bench.py            GPU decode-attention benchmark (python -m ops.bench.kernels.attention)
+    bench_fused.py      the C layer ops against PyTorch on the CPU (python -m ops.bench.kernels.fused)
+    bench_gemm.py       the panel GEMM against oneDNN and F.linear, a step's products (python -m ops.bench.kernels.gemm)
+    bench_ceiling.py    this CPU's FMA peak, product rates, bandwidth, the offline workload's floor
+    aot.py              compile every Triton kernel for sm_90 without a GPU (python -m ops.kernels_aot)
+
+Importing this package imports no Triton module: the CPU engine never needs one.
+"""

@@ -1,0 +1,80 @@
+"""Argument checks shared by the Triton launchers, and the interpreter switch.
+
+A launcher validates everything a kernel silently trusts (shapes, dtypes, the
+unit stride of the last dimension, devices) and raises `KernelArgError`, a
+`ValueError`, with the argument's name. This module imports triton only lazily
+so the CPU engine never pays for it.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+class KernelArgError(ValueError):
+    """A kernel launcher got an argument of the wrong shape, dtype, stride or device."""
+
+    def __init__(self, arg: str, msg: str) -> None:
+        super().__init__(f"{arg}: {msg}")
+        self.arg = arg
+
+
+def interpreting() -> bool:
+    """True when Triton kernels run in the Python interpreter (TRITON_INTERPRET=1).
+
+    Triton reads the variable when a kernel is *decorated*, i.e. when its module
+    is imported, so pageserve_kernels/dispatch.py also checks the kernel objects themselves.
+    """
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
+def check_device(name: str, t: torch.Tensor) -> None:
+    """Compiled kernels need CUDA tensors; the interpreter runs on CPU tensors."""
+    if t.device.type == "cuda":
+        return
+    if not interpreting():
+        raise KernelArgError(name, f"on {t.device}; Triton kernels need CUDA tensors or TRITON_INTERPRET=1")
+
+
+def check_dim(name: str, t: torch.Tensor, ndim: int) -> None:
+    if t.dim() != ndim:
+        raise KernelArgError(name, f"expected {ndim} dims, got shape {tuple(t.shape)}")
+
+
+def check_dtype(name: str, t: torch.Tensor, allowed: tuple[torch.dtype, ...]) -> None:
+    if t.dtype not in allowed:
+        raise KernelArgError(name, f"dtype {t.dtype} not in {allowed}")
+
+
+def check_last_contiguous(name: str, t: torch.Tensor) -> None:
+    """The kernels vectorise along the last dimension and assume its stride is 1."""
+    if t.shape[-1] > 1 and t.stride(-1) != 1:
+        raise KernelArgError(name, f"last dimension must have stride 1, strides are {t.stride()}")
+
+
+def check_int_index(name: str, t: torch.Tensor, ndim: int) -> None:
+    check_dim(name, t, ndim)
+    check_dtype(name, t, (torch.int32, torch.int64))
+
+
+def next_pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def upcast_dots(dtype: torch.dtype) -> bool:
+    """Whether tl.dot operands must be widened to float32 first.
+
+    Triton 3.9's interpreter computes bfloat16 arithmetic on the raw 16-bit
+    integers (a bf16 tl.dot returns garbage), while conversions are right. On a
+    GPU the tensor cores take bf16 natively, so this is only ever true there.
+    """
+    return interpreting() and dtype == torch.bfloat16
+
+
+def exact_bf16(dtype: torch.dtype) -> bool:
+    """Whether a kernel storing `dtype` must round by hand (see pageserve_kernels/bf16.py)."""
+    return interpreting() and dtype == torch.bfloat16

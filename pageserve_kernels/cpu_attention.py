@@ -1,0 +1,413 @@
+"""The fast PyTorch attention path over the paged KV cache, for CPUs.
+
+Same contract as `pageserve_kernels.reference` (`write_kv_ref`, `paged_attention_ref`),
+but built for a whole model step: the engine builds one `AttentionPlan` per
+step from host-side lists (no tensor -> int syncs) and every layer reuses it.
+
+    flat batch rows:  [ decodes, longest context first | prefill chunks ... ]
+                        └ DecodeGroup ┘└ DecodeGroup ┘   └ ChunkPlan ┘
+
+Decodes (one query token each) dominate a serving step's attention, and they
+are memory-bound: every step reads each running request's whole K/V. Two ways:
+
+  native   a small C kernel (pageserve_kernels/native_decode.py, compiled once with the
+           system C compiler, OpenMP over (request, KV head)) reads the blocks
+           in place through the block table: one pass over the KV bytes.
+  torch    fallback without a compiler: decodes are bucketed by context length
+           into a few groups; a group gathers its blocks (`index_select`),
+           padded to the group's longest context and masked, and runs one
+           batched `scaled_dot_product_attention` (GQA without repeating K/V).
+           Three passes over the KV bytes (gather read, write, attention read).
+
+Prompt chunks, float32 with the native kernels: one C call for all of them
+(pageserve_kernels/cpu_prefill.py) reads context and chunk K/V in place through the block
+tables. Otherwise a chunk whose request has nothing cached yet (context_len == 0)
+attends causally to the step's own K/V and never touches the cache; a chunk
+that continues a prompt (chunked prefill, prefix hit, recompute) gathers its
+blocks and uses an explicit (L, S) causal mask shifted by the context length.
+
+This file knows nothing about models, requests or scheduling: only token
+counts, block tables and tensors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from pageserve_kernels import cpu_decode, cpu_prefill
+
+# Cost of one extra decode group per layer, in units of padded blocks: a group costs
+# a few op launches (~40 us); one padded block costs gathering + attending 16 tokens.
+GROUP_OVERHEAD_BLOCKS = 24
+MAX_DECODE_GROUPS = 8
+
+
+@dataclass(frozen=True)
+class DecodeGroup:
+    """Requests with one query token each, attended to together."""
+
+    rows: slice | torch.Tensor
+    """Their rows of the flat batch: a slice when contiguous, else (G,) int64 indices."""
+    num_requests: int
+    num_blocks: int
+    """Blocks per request after padding to the group's longest context."""
+    block_index: torch.Tensor
+    """(G * num_blocks,) int64 physical blocks, request-major; padding repeats a real block."""
+    mask: torch.Tensor | None
+    """(G, 1, 1, num_blocks * block_size) bool, True = attend; None when nothing is padded."""
+
+
+@dataclass(frozen=True)
+class NativeDecodePlan:
+    """All decode rows at once, for the C kernel (pageserve_kernels/cpu_decode.py): no padding, no gather."""
+
+    rows: torch.Tensor
+    """(D,) int64 rows of the flat batch."""
+    block_tables: torch.Tensor
+    """(D, max_blocks) int64, padded with block 0 past each request's blocks (never read)."""
+    seq_lens: torch.Tensor
+    """(D,) int64"""
+    max_seq_len: int
+
+
+@dataclass(frozen=True)
+class ChunkPlan:
+    """Several query tokens of one request (a prompt or a piece of one)."""
+
+    start: int
+    end: int
+    """Rows start:end of the flat batch."""
+    context_len: int
+    """Tokens of this request already in the cache before the chunk."""
+    block_index: torch.Tensor
+    """(num_blocks,) int64 blocks covering context + chunk."""
+    mask: torch.Tensor | None
+    """(L, S) bool causal mask shifted by context_len; None when context_len == 0."""
+
+
+@dataclass(frozen=True)
+class NativePrefillPlan:
+    """Every prompt chunk at once, for the C kernel (pageserve_kernels/cpu_prefill.py): no gather, no mask."""
+
+    starts: torch.Tensor
+    """(C,) int64 first row of each chunk in the flat batch."""
+    lens: torch.Tensor
+    """(C,) int64 query tokens of each chunk."""
+    context_lens: torch.Tensor
+    """(C,) int64 tokens of the request cached before the chunk."""
+    block_tables: torch.Tensor
+    """(C, max_blocks) int64, padded with block 0 past each chunk's blocks (never read)."""
+
+
+@dataclass(frozen=True)
+class AttentionPlan:
+    slot_mapping: torch.Tensor
+    """(T,) int64: the cache slot each row's K/V is written to."""
+    decode_groups: tuple[DecodeGroup, ...]
+    """Decodes for the PyTorch path (empty when `native_decode` is set)."""
+    chunks: tuple[ChunkPlan, ...]
+    block_size: int
+    native_decode: NativeDecodePlan | None = None
+    native_prefill: NativePrefillPlan | None = None
+    """The chunks again, for the C kernel; attend() uses it where the kernel supports the dtype."""
+
+
+def native_decode_available(dtype: torch.dtype, device: torch.device | str = "cpu") -> bool:
+    """Whether plans for this dtype/device can hand decodes to the C kernel."""
+    return torch.device(device).type == "cpu" and dtype in cpu_decode.SUPPORTED and cpu_decode.load() is not None
+
+
+def compute_slot_mapping(
+    query_lens: list[int], seq_lens: list[int], block_tables: list[list[int]], block_size: int
+) -> list[int]:
+    """Slots of every query row: block_table[p // block_size] * block_size + p % block_size."""
+    slots: list[int] = []
+    for q_len, seq_len, table in zip(query_lens, seq_lens, block_tables, strict=True):
+        pos = seq_len - q_len
+        while pos < seq_len:
+            block, offset = divmod(pos, block_size)
+            take = min(block_size - offset, seq_len - pos)
+            base = table[block] * block_size + offset
+            slots.extend(range(base, base + take))
+            pos += take
+    return slots
+
+
+def plan_attention(
+    query_lens: list[int],
+    seq_lens: list[int],
+    block_tables: list[list[int]],
+    block_size: int,
+    device: torch.device | str = "cpu",
+    native: bool = False,
+) -> AttentionPlan:
+    """Plan one step. Requests are in flat-batch order; seq_lens count the cache after the write.
+
+    `native` hands the decodes to the C kernel (check `native_decode_available` first), and the
+    prompt chunks to the C prefill kernel where that one is built.
+    """
+    starts = [0]
+    for q in query_lens:
+        starts.append(starts[-1] + q)
+    decode = [i for i, q in enumerate(query_lens) if q == 1]
+    native_plan = None
+    if native and decode:
+        native_plan = _native_decode([starts[i] for i in decode], [seq_lens[i] for i in decode],
+                                     [block_tables[i] for i in decode], block_size, device)
+        decode = []
+    decode.sort(key=lambda i: -seq_lens[i])
+    groups = [
+        _decode_group([starts[i] for i in members], [seq_lens[i] for i in members],
+                      [block_tables[i] for i in members], block_size, device)
+        for members in _bucket([(seq_lens[i] + block_size - 1) // block_size for i in decode], decode)
+    ]
+    chunks = [
+        _chunk(starts[i], starts[i + 1], seq_lens[i], block_tables[i], block_size, device)
+        for i, q in enumerate(query_lens)
+        if q > 1
+    ]
+    prefill_plan = None
+    if native and chunks and cpu_prefill.load() is not None:
+        prompt = [i for i, q in enumerate(query_lens) if q > 1]
+        prefill_plan = _native_prefill([starts[i] for i in prompt], [query_lens[i] for i in prompt],
+                                       [seq_lens[i] for i in prompt], [block_tables[i] for i in prompt],
+                                       block_size, device)
+    slots = compute_slot_mapping(query_lens, seq_lens, block_tables, block_size)
+    slot_mapping = torch.tensor(slots, dtype=torch.int64, device=device)
+    return AttentionPlan(slot_mapping, tuple(groups), tuple(chunks), block_size, native_plan, prefill_plan)
+
+
+def _native_decode(
+    rows: list[int], seq_lens: list[int], tables: list[list[int]], block_size: int, device: torch.device | str
+) -> NativeDecodePlan:
+    return NativeDecodePlan(
+        rows=torch.tensor(rows, dtype=torch.int64, device=device),
+        block_tables=_padded_tables(tables, seq_lens, block_size, device),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int64, device=device),
+        max_seq_len=max(seq_lens),
+    )
+
+
+def _native_prefill(
+    starts: list[int], lens: list[int], seq_lens: list[int], tables: list[list[int]], block_size: int,
+    device: torch.device | str,
+) -> NativePrefillPlan:
+    return NativePrefillPlan(
+        starts=torch.tensor(starts, dtype=torch.int64, device=device),
+        lens=torch.tensor(lens, dtype=torch.int64, device=device),
+        context_lens=torch.tensor([s - q for s, q in zip(seq_lens, lens, strict=True)], dtype=torch.int64,
+                                  device=device),
+        block_tables=_padded_tables(tables, seq_lens, block_size, device),
+    )
+
+
+def _padded_tables(
+    tables: list[list[int]], seq_lens: list[int], block_size: int, device: torch.device | str
+) -> torch.Tensor:
+    """(R, max_blocks) int64: each request's used blocks, padded with block 0 (never read)."""
+    nbs = [(s + block_size - 1) // block_size for s in seq_lens]
+    width = max(nbs)
+    return torch.tensor([t[:n] + [0] * (width - n) for t, n in zip(tables, nbs, strict=True)], dtype=torch.int64,
+                        device=device)
+
+
+def _bucket(num_blocks: list[int], ids: list[int]) -> list[list[int]]:
+    """Split requests sorted by descending block count into groups minimising padded work.
+
+    Dynamic programming over the sorted list: cost(group) = overhead + size * longest.
+    """
+    n = len(ids)
+    if n == 0:
+        return []
+    best = [0.0] + [float("inf")] * n  # best[i]: cost of the first i requests
+    cut = [0] * (n + 1)
+    for i in range(1, n + 1):
+        for j in range(max(0, i - n), i):  # group = j .. i-1, longest is num_blocks[j]
+            cost = best[j] + GROUP_OVERHEAD_BLOCKS + (i - j) * num_blocks[j]
+            if cost < best[i]:
+                best[i], cut[i] = cost, j
+    bounds, i = [], n
+    while i > 0:
+        bounds.append((cut[i], i))
+        i = cut[i]
+    bounds.reverse()
+    while len(bounds) > MAX_DECODE_GROUPS:  # merge the two cheapest neighbours
+        k = min(range(len(bounds) - 1), key=lambda k: bounds[k + 1][1] - bounds[k][0])
+        bounds[k : k + 2] = [(bounds[k][0], bounds[k + 1][1])]
+    return [ids[a:b] for a, b in bounds]
+
+
+def _decode_group(
+    rows: list[int], seq_lens: list[int], tables: list[list[int]], block_size: int, device: torch.device | str
+) -> DecodeGroup:
+    nb = (max(seq_lens) + block_size - 1) // block_size
+    index: list[int] = []
+    for table, seq_len in zip(tables, seq_lens, strict=True):
+        used = table[: (seq_len + block_size - 1) // block_size]
+        index.extend(used)
+        index.extend([used[0]] * (nb - len(used)))  # padding: any real block, masked out
+    mask = None
+    if any(s != nb * block_size for s in seq_lens):
+        lens = torch.tensor(seq_lens, device=device)
+        mask = (torch.arange(nb * block_size, device=device)[None, :] < lens[:, None]).view(len(rows), 1, 1, -1)
+    contiguous = rows == list(range(rows[0], rows[0] + len(rows)))
+    row_sel: slice | torch.Tensor = (
+        slice(rows[0], rows[0] + len(rows)) if contiguous else torch.tensor(rows, dtype=torch.int64, device=device)
+    )
+    block_index = torch.tensor(index, dtype=torch.int64, device=device)
+    return DecodeGroup(row_sel, len(rows), nb, block_index, mask)
+
+
+def _chunk(
+    start: int, end: int, seq_len: int, table: list[int], block_size: int, device: torch.device | str
+) -> ChunkPlan:
+    q_len = end - start
+    context_len = seq_len - q_len
+    nb = (seq_len + block_size - 1) // block_size
+    block_index = torch.tensor(table[:nb], dtype=torch.int64, device=device)
+    if context_len == 0:
+        return ChunkPlan(start, end, 0, block_index, None)
+    mask = torch.ones(q_len, seq_len, dtype=torch.bool, device=device).tril(diagonal=context_len)
+    return ChunkPlan(start, end, context_len, block_index, mask)
+
+
+def write_kv(
+    key: torch.Tensor,  # (T, n_kv, hd)
+    value: torch.Tensor,  # (T, n_kv, hd)
+    key_cache: torch.Tensor,  # (num_blocks, block_size, n_kv, hd)
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,  # (T,) int64; -1 marks a padded token that is not written
+) -> None:
+    """write_kv_ref as two index_copy_ calls (no Python loop)."""
+    slots = slot_mapping.long()
+    if slots.numel() and bool((slots < 0).any()):
+        keep = slots >= 0
+        key, value, slots = key[keep], value[keep], slots[keep]
+    store_kv(key.to(key_cache.dtype), value.to(value_cache.dtype), key_cache, value_cache, slots)
+
+
+def store_kv(
+    key: torch.Tensor,  # (T, n_kv, hd), the cache's dtype
+    value: torch.Tensor,
+    key_cache: torch.Tensor,  # (num_blocks, block_size, n_kv, hd)
+    value_cache: torch.Tensor,
+    slots: torch.Tensor,  # (T,) int64, no padding (a planned step never has any)
+) -> None:
+    key_cache.view(-1, *key_cache.shape[2:]).index_copy_(0, slots, key)
+    value_cache.view(-1, *value_cache.shape[2:]).index_copy_(0, slots, value)
+
+
+def attend(
+    query: torch.Tensor,  # (T, n_q, hd)
+    key_cache: torch.Tensor,  # (num_blocks, block_size, n_kv, hd), already holding this step's K/V
+    value_cache: torch.Tensor,
+    plan: AttentionPlan,
+    scale: float,
+    fresh_kv: tuple[torch.Tensor, torch.Tensor] | None = None,  # this step's (T, n_kv, hd) K and V
+    sanitize: bool = False,
+) -> torch.Tensor:  # (T, n_q, hd)
+    """Attention of every planned row; `fresh_kv` spares fresh prefills a trip through the cache.
+
+    Padded decode slots are masked, but a masked NaN still poisons the sum (0 * NaN); the
+    engine's cache holds only finite values (zero-initialised, then written K/V), so only
+    callers with arbitrary caches (`paged_attention`) pay for `sanitize`.
+    """
+    n_q, hd = query.shape[1], query.shape[2]
+    bs, n_kv = key_cache.shape[1], key_cache.shape[2]
+    out = torch.empty(query.shape, dtype=query.dtype, device=query.device)  # (T, n_q, hd) contiguous
+    if plan.native_decode is not None:
+        nd = plan.native_decode
+        kernel = cpu_decode.load()
+        assert kernel is not None, "planned for the native kernel, which is not available"
+        kernel(out, query, key_cache, value_cache, nd.rows, nd.block_tables, nd.seq_lens,
+               nd.max_seq_len, scale)
+    for g in plan.decode_groups:
+        s = g.num_blocks * bs
+        k = key_cache.index_select(0, g.block_index).view(g.num_requests, s, n_kv, hd).transpose(1, 2)
+        v = value_cache.index_select(0, g.block_index).view(g.num_requests, s, n_kv, hd).transpose(1, 2)
+        if sanitize and g.mask is not None:
+            pad = ~g.mask.view(g.num_requests, 1, s, 1)
+            k, v = k.masked_fill(pad, 0.0), v.masked_fill(pad, 0.0)
+        q = query[g.rows].unsqueeze(2)  # (G, n_q, 1, hd)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=g.mask, scale=scale, enable_gqa=True)
+        out[g.rows] = o.view(g.num_requests, n_q, hd)
+    chunks = plan.chunks
+    if plan.native_prefill is not None and cpu_prefill.supports(query.dtype, hd):
+        npf = plan.native_prefill
+        kernel = cpu_prefill.load()
+        assert kernel is not None, "planned for the native prefill kernel, which is not available"
+        kernel(out, query, key_cache, value_cache, npf.starts, npf.lens, npf.context_lens, npf.block_tables, scale)
+        chunks = ()
+    for c in chunks:
+        q = query[c.start : c.end].transpose(0, 1).unsqueeze(0)  # (1, n_q, L, hd)
+        if c.context_len == 0 and fresh_kv is not None:
+            k = fresh_kv[0][c.start : c.end].transpose(0, 1).unsqueeze(0)  # (1, n_kv, L, hd)
+            v = fresh_kv[1][c.start : c.end].transpose(0, 1).unsqueeze(0)
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
+        else:
+            seq_len = c.context_len + (c.end - c.start)
+            k = _gather(key_cache, c.block_index, seq_len).transpose(0, 1).unsqueeze(0)  # (1, n_kv, S, hd)
+            v = _gather(value_cache, c.block_index, seq_len).transpose(0, 1).unsqueeze(0)
+            if c.mask is None:
+                o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
+            else:
+                o = F.scaled_dot_product_attention(q, k, v, attn_mask=c.mask, scale=scale, enable_gqa=True)
+        out[c.start : c.end] = o[0].transpose(0, 1)
+    return out
+
+
+def _gather(cache: torch.Tensor, block_index: torch.Tensor, seq_len: int) -> torch.Tensor:
+    return cache.index_select(0, block_index).view(-1, *cache.shape[2:])[:seq_len]  # (S, n_kv, hd)
+
+
+def paged_attention(
+    query: torch.Tensor,  # (T, n_q, hd)
+    key_cache: torch.Tensor,  # (num_blocks, block_size, n_kv, hd)
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,  # (B, max_blocks) int32
+    query_start_loc: torch.Tensor,  # (B + 1,) int32
+    seq_lens: torch.Tensor,  # (B,) int32
+    scale: float,
+) -> torch.Tensor:  # (T, n_q, hd)
+    """paged_attention_ref's signature: plans the batch, then attends (K/V already written)."""
+    starts = query_start_loc.tolist()
+    lens = seq_lens.tolist()
+    query_lens = [b - a for a, b in zip(starts[:-1], starts[1:], strict=True)]
+    keep = [i for i, q in enumerate(query_lens) if q > 0]
+    bs = key_cache.shape[1]
+    tables = [block_tables[i, : (lens[i] + bs - 1) // bs].tolist() for i in keep]
+    native = native_decode_available(query.dtype, query.device) and key_cache.is_contiguous()
+    plan = plan_attention([query_lens[i] for i in keep], [lens[i] for i in keep], tables, bs, query.device, native)
+    if len(keep) != len(query_lens):  # empty requests leave holes: re-plan rows by their real starts
+        plan = _shift_rows(plan, [starts[i] for i in keep], [query_lens[i] for i in keep])
+    return attend(query, key_cache, value_cache, plan, scale, sanitize=True)
+
+
+def _shift_rows(plan: AttentionPlan, starts: list[int], query_lens: list[int]) -> AttentionPlan:
+    """Re-map a plan made for packed rows onto rows that start at `starts` (holes between)."""
+    packed = [0]
+    for q in query_lens:
+        packed.append(packed[-1] + q)
+    where = {p: s for p, s in zip(packed[:-1], starts, strict=True)}
+    groups = []
+    for g in plan.decode_groups:
+        rows = range(g.rows.start, g.rows.stop) if isinstance(g.rows, slice) else g.rows.tolist()
+        real = torch.tensor([where[r] for r in rows], dtype=torch.int64, device=plan.slot_mapping.device)
+        groups.append(DecodeGroup(real, g.num_requests, g.num_blocks, g.block_index, g.mask))
+    native = plan.native_decode
+    if native is not None:
+        rows = torch.tensor([where[r] for r in native.rows.tolist()], dtype=torch.int64, device=native.rows.device)
+        native = NativeDecodePlan(rows, native.block_tables, native.seq_lens, native.max_seq_len)
+    chunks = [
+        ChunkPlan(where[c.start], where[c.start] + c.end - c.start, c.context_len, c.block_index, c.mask)
+        for c in plan.chunks
+    ]
+    prefill = plan.native_prefill
+    if prefill is not None:
+        starts_t = torch.tensor([where[r] for r in prefill.starts.tolist()], dtype=torch.int64,
+                                device=prefill.starts.device)
+        prefill = NativePrefillPlan(starts_t, prefill.lens, prefill.context_lens, prefill.block_tables)
+    return AttentionPlan(plan.slot_mapping, tuple(groups), tuple(chunks), plan.block_size, native, prefill)

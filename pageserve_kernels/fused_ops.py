@@ -1,0 +1,96 @@
+"""The layers' elementwise ops: the C kernels (pageserve_kernels/cpu_fused.py) where they apply, else PyTorch.
+
+Each op has its PyTorch reference here (`*_reference`): the fallback for other
+dtypes and devices, without a compiler or with PAGESERVE_NATIVE_KERNELS=0, and
+what the tests compare the kernels with. The C path gives the same float32
+results as the references (bit for bit on AVX2; see pageserve_kernels/cpu_fused.py).
+
+In-place contract: `fused_add_rms_norm` and `rotate_qk` may overwrite their
+inputs (the C path does, the references do not); callers use the returned
+tensors and never read the inputs again.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from pageserve_kernels import cpu_fused
+from pageserve_kernels.cpu_fused import NativeFused
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:  # (T, H) -> (T, H)
+    native = _native(x)
+    if native is None or x.dim() != 2 or x.stride(1) != 1:
+        return rms_norm_reference(x, weight, eps)
+    return native.rms_norm(x, weight, eps)
+
+
+def fused_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:  # (T, H) x2 -> normed, new residual
+    """residual = residual + x; returns (rms_norm(residual), residual): one pass instead of two ops."""
+    native = _native(x)
+    if native is None or x.dim() != 2 or residual.dtype != x.dtype or not (x.is_contiguous() and residual.is_contiguous()):
+        return fused_add_rms_norm_reference(x, residual, weight, eps)
+    native.add_rms_norm_(x, residual, weight, eps)
+    return x, residual
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:  # (T, 2 I) -> (T, I)
+    native = _native(gate_up)
+    if native is None or gate_up.dim() != 2 or gate_up.stride(1) != 1:
+        return silu_and_mul_reference(gate_up)
+    return native.silu_and_mul(gate_up)
+
+
+def rotate_qk(qk: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """qk (T, heads, hd) rotated by its rows' angles; cos, sin_signed (T, 1, hd) from RotaryEmbedding.lookup."""
+    native = _native(qk)
+    if native is None or qk.dim() != 3 or qk.stride(2) != 1 or qk.stride(1) != qk.shape[2]:
+        return rotary_reference(qk, cos, sin_signed)
+    native.rotary_(qk, cos, sin_signed)
+    return qk
+
+
+def argmax_rows(x: torch.Tensor) -> torch.Tensor:  # (N, V) -> (N,) int64
+    """Each row's first index of its maximum (NaN counts as the maximum), as torch.argmax(-1)."""
+    native = _native(x)
+    if native is None or x.dim() != 2 or x.stride(1) != 1 or x.shape[1] == 0:
+        return x.argmax(-1)
+    return native.argmax(x)
+
+
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, weight.shape, weight, eps)
+    # Half precision: normalise in float32, round, then scale (what HF does, so outputs match).
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+
+
+def fused_add_rms_norm_reference(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    residual = residual + x
+    return rms_norm_reference(residual, weight, eps), residual
+
+
+def silu_and_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:
+    i = gate_up.shape[-1] // 2
+    return F.silu(gate_up[..., :i]) * gate_up[..., i:]
+
+
+def rotary_reference(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """x * [cos | cos] + [x2 | x1] * [-sin | sin]; returns a new contiguous tensor."""
+    half = x.shape[-1] // 2
+    swapped = torch.cat((x[..., half:], x[..., :half]), dim=-1)  # [x2 | x1]
+    return x * cos + swapped * sin_signed
+
+
+def _native(x: torch.Tensor) -> NativeFused | None:
+    """The C kernels when they cover this tensor (float32 on the CPU, 2-D/3-D) and built here."""
+    if x.dtype != torch.float32 or not x.is_cpu:  # is_cpu: 3x cheaper than device.type, ~120 calls a step
+        return None
+    return cpu_fused.load()

@@ -1,0 +1,340 @@
+"""Varlen paged attention in one launch: decode, prefill chunks and mixed batches.
+
+Same contract as `pageserve_kernels.reference.paged_attention_ref` (read its docstring for
+the cache layout and the flat batch). This file owns the Triton kernel and its
+launcher; it knows nothing about models, schedulers or block allocation.
+
+Work split. A program handles one *query block* of one request and one KV head:
+
+    rows of the M tile = (query token, query head of this KV group)
+
+        row r -> query token  q_block * BLOCK_Q + r // GROUP
+                 query head   kv_head * GROUP  + r %  GROUP
+
+so every K/V tile loaded from the cache serves all GROUP query heads that share
+it (grouped-query attention of any ratio; rows past BLOCK_Q * GROUP are padding).
+The program walks the request's KV positions TILE_N tokens at a time, gathering
+each token's physical block from the block table (a tile may span several cache
+blocks), with an online softmax in float32.
+
+Split-K. A decode batch of a few long requests has few (request, KV head) pairs,
+too few programs to fill a GPU; a third grid axis cuts the KV range into
+NUM_SPLITS contiguous parts. Each part writes its normalised partial output and
+log-sum-exp (base 2) to a float32 scratch, and `merge_splits` reduces them.
+
+Query blocks to programs. Request b's query blocks start at program
+query_start_loc[b] // BLOCK_Q + b: at least cdiv(q_len_b, BLOCK_Q) slots apart,
+so grid axis 0 has T // BLOCK_Q + B programs; each finds its request by binary
+search and spare ones exit at once. When every request fits one query block
+(decode, short chunks) the launcher uses one program per request instead.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from pageserve_kernels.attention_launch import plan_launch
+from pageserve_kernels.bf16 import store_cast
+from pageserve_kernels.checks import (
+    FLOAT_DTYPES,
+    KernelArgError,
+    check_device,
+    check_dim,
+    check_dtype,
+    check_int_index,
+    check_last_contiguous,
+    next_pow2,
+    upcast_dots,
+)
+from pageserve_kernels.merge_splits import merge_splits
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _find_request(query_start_loc_ptr, num_seqs, q_block_global, BLOCK_Q: tl.constexpr):
+    """The last request b whose first query-block slot is <= q_block_global."""
+    lo = 0
+    hi = num_seqs
+    while lo < hi:
+        mid = (lo + hi) // 2
+        first = tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid
+        if first <= q_block_global:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
+@triton.jit
+def _dot(a, b, UPCAST: tl.constexpr):
+    """a @ b accumulated in float32; float32 operands stay exact (no TF32 rounding)."""
+    if UPCAST:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    elif a.dtype == tl.float32:
+        return tl.dot(a, b, input_precision="ieee")
+    else:
+        return tl.dot(a, b)
+
+
+@triton.jit
+def _attend_tiles(
+    q,  # (BLOCK_M, HEAD_DIM_P) queries of one KV group
+    q_pos,  # (BLOCK_M,) absolute position of each row's query
+    table,  # this request's block-table row
+    k_head_ptr,  # key cache, offset to this KV head
+    v_head_ptr,
+    stride_kb,
+    stride_ks,
+    stride_vb,
+    stride_vs,
+    kv_len,  # keys at positions >= kv_len are never read
+    tile_lo,
+    tile_hi,
+    qk_scale,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_P: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    TILE_N: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    """Online softmax over key tiles [tile_lo, tile_hi): (unnormalised acc, row sums, row maxima)."""
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_P], tl.float32)
+    d = tl.arange(0, HEAD_DIM_P)
+    d_ok = d < HEAD_DIM
+    offs_n = tl.arange(0, TILE_N)
+    for tile in range(tile_lo, tile_hi):
+        pos = tile * TILE_N + offs_n  # (TILE_N,) key positions; a tile may span several blocks
+        pos_ok = pos < kv_len
+        block = tl.load(table + pos // BLOCK_SIZE, mask=pos_ok, other=0).to(tl.int64)
+        in_block = pos % BLOCK_SIZE
+        k_off = block * stride_kb + in_block * stride_ks  # (TILE_N,)
+        v_off = block * stride_vb + in_block * stride_vs
+        k_mask = d_ok[:, None] & pos_ok[None, :]
+        v_mask = pos_ok[:, None] & d_ok[None, :]
+        k = tl.load(k_head_ptr + k_off[None, :] + d[:, None], mask=k_mask, other=0.0)  # (HEAD_DIM_P, TILE_N)
+        v = tl.load(v_head_ptr + v_off[:, None] + d[None, :], mask=v_mask, other=0.0)  # (TILE_N, HEAD_DIM_P)
+
+        s = _dot(q, k, UPCAST) * qk_scale  # (BLOCK_M, TILE_N), base-2 logits
+        visible = (pos[None, :] <= q_pos[:, None]) & pos_ok[None, :]
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        # A row that has seen no visible key yet keeps m = -inf; shift it by 0, not by -inf.
+        m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(s - m_shift[:, None])
+        alpha = tl.math.exp2(m_i - m_shift)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + _dot(store_cast(p, v.dtype, UPCAST), v, UPCAST)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _paged_attention_kernel(
+    out_ptr,  # (T, n_q, hd), written when NUM_SPLITS == 1
+    part_out_ptr,  # (T, n_q, NUM_SPLITS, HEAD_DIM) float32, written when NUM_SPLITS > 1
+    part_lse_ptr,  # (T, n_q, NUM_SPLITS) float32, log2-sum-exp2 of each part
+    q_ptr,  # (T, n_q, hd)
+    k_cache_ptr,  # (num_blocks, block_size, n_kv, hd)
+    v_cache_ptr,
+    block_tables_ptr,  # (B, max_blocks)
+    query_start_loc_ptr,  # (B + 1,)
+    seq_lens_ptr,  # (B,)
+    qk_scale,  # softmax scale * log2(e): the kernel works in base 2
+    num_seqs,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    stride_vb,
+    stride_vs,
+    stride_vh,
+    stride_bt,
+    n_q_heads,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_P: tl.constexpr,
+    GROUP: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    TILE_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    ONE_Q_BLOCK: tl.constexpr,
+    UPCAST: tl.constexpr,  # interpreting bf16: widen dot operands, round stores by hand
+):
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    if ONE_Q_BLOCK:
+        seq = tl.program_id(0)
+        q_block = 0
+    else:
+        seq = _find_request(query_start_loc_ptr, num_seqs, tl.program_id(0), BLOCK_Q)
+        q_block = tl.program_id(0) - (tl.load(query_start_loc_ptr + seq) // BLOCK_Q + seq)
+    q_start = tl.load(query_start_loc_ptr + seq)
+    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
+    if q_block * BLOCK_Q >= q_len:
+        return
+    ctx_len = tl.load(seq_lens_ptr + seq) - q_len  # tokens cached before this step's queries
+
+    rows = tl.arange(0, BLOCK_M)
+    q_idx = q_block * BLOCK_Q + rows // GROUP  # (BLOCK_M,) query token within the request
+    head = kv_head * GROUP + rows % GROUP  # (BLOCK_M,) query head
+    row_ok = (rows < BLOCK_Q * GROUP) & (q_idx < q_len)
+    d = tl.arange(0, HEAD_DIM_P)
+    d_ok = d < HEAD_DIM
+    q_rows = (q_start + q_idx).to(tl.int64)
+    q = tl.load(
+        q_ptr + q_rows[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
+        mask=row_ok[:, None] & d_ok[None, :],
+        other=0.0,
+    )  # (BLOCK_M, HEAD_DIM_P)
+    q_pos = ctx_len + q_idx  # (BLOCK_M,) absolute position of each row's query
+
+    # Causality bounds the keys this query block can see; the split takes its share.
+    kv_len = ctx_len + tl.minimum((q_block + 1) * BLOCK_Q, q_len)
+    n_tiles = tl.cdiv(kv_len, TILE_N)
+    tiles_per_split = tl.cdiv(n_tiles, NUM_SPLITS)
+    tile_lo = split * tiles_per_split
+    tile_hi = tl.minimum(tile_lo + tiles_per_split, n_tiles)
+    table = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    acc, l_i, m_i = _attend_tiles(
+        q, q_pos, table, k_cache_ptr + kv_head * stride_kh, v_cache_ptr + kv_head * stride_vh,
+        stride_kb, stride_ks, stride_vb, stride_vs, kv_len, tile_lo, tile_hi, qk_scale,
+        HEAD_DIM, HEAD_DIM_P, BLOCK_M, BLOCK_SIZE, TILE_N, UPCAST,
+    )  # fmt: skip
+
+    l_safe = tl.where(l_i > 0.0, l_i, 1.0)
+    res = acc / l_safe[:, None]
+    if NUM_SPLITS == 1:
+        o_ptrs = out_ptr + q_rows[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
+        tl.store(
+            o_ptrs, store_cast(res, out_ptr.dtype.element_ty, UPCAST), mask=row_ok[:, None] & d_ok[None, :]
+        )
+    else:
+        part_row = (q_rows * n_q_heads + head) * NUM_SPLITS + split  # (BLOCK_M,)
+        tl.store(
+            part_out_ptr + part_row[:, None] * HEAD_DIM + d[None, :],
+            res,
+            mask=row_ok[:, None] & d_ok[None, :],
+        )
+        lse = tl.where(l_i > 0.0, m_i + tl.math.log2(l_safe), float("-inf"))
+        tl.store(part_lse_ptr + part_row, lse, mask=row_ok)
+
+
+def _check_args(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+) -> None:
+    check_dim("query", query, 3)
+    check_dim("key_cache", key_cache, 4)
+    check_dtype("query", query, FLOAT_DTYPES)
+    for name, cache in (("key_cache", key_cache), ("value_cache", value_cache)):
+        if cache.shape != key_cache.shape or cache.dtype != query.dtype:
+            raise KernelArgError(name, f"{tuple(cache.shape)} {cache.dtype} does not match query/key_cache")
+        check_last_contiguous(name, cache)
+    check_last_contiguous("query", query)
+    n_q, head_dim = query.shape[1], query.shape[2]
+    n_kv = key_cache.shape[2]
+    if key_cache.shape[3] != head_dim:
+        raise KernelArgError("key_cache", f"head_dim {key_cache.shape[3]} != query head_dim {head_dim}")
+    if n_q % n_kv != 0:
+        raise KernelArgError("query", f"{n_q} query heads are not a multiple of {n_kv} KV heads")
+    check_int_index("block_tables", block_tables, 2)
+    check_int_index("query_start_loc", query_start_loc, 1)
+    check_int_index("seq_lens", seq_lens, 1)
+    batch = block_tables.shape[0]
+    if query_start_loc.shape[0] != batch + 1 or seq_lens.shape[0] != batch:
+        raise KernelArgError("query_start_loc", f"need B + 1 = {batch + 1} entries and seq_lens B")
+    if block_tables.stride(1) != 1 or not query_start_loc.is_contiguous() or not seq_lens.is_contiguous():
+        raise KernelArgError("block_tables", "index tensors must be contiguous along their last dim")
+    for name, t in (("query", query), ("key_cache", key_cache), ("value_cache", value_cache)):
+        check_device(name, t)
+        if t.device != query.device:
+            raise KernelArgError(name, f"on {t.device}, query on {query.device}")
+    for name, t in (
+        ("block_tables", block_tables),
+        ("query_start_loc", query_start_loc),
+        ("seq_lens", seq_lens),
+    ):
+        if t.device != query.device:
+            raise KernelArgError(name, f"on {t.device}, query on {query.device}")
+
+
+def paged_attention(
+    query: torch.Tensor,  # (T, n_q, hd)
+    key_cache: torch.Tensor,  # (num_blocks, block_size, n_kv, hd)
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,  # (B, max_blocks) int32
+    query_start_loc: torch.Tensor,  # (B + 1,) int32
+    seq_lens: torch.Tensor,  # (B,) int32
+    scale: float,
+    *,
+    max_query_len: int | None = None,
+    max_seq_len: int | None = None,
+    num_splits: int | None = None,
+    tile_n: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int = 3,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:  # (T, n_q, hd)
+    """Attention of every query token over its request's cached keys, causally.
+
+    Pass max_query_len and max_seq_len when the caller knows them (the runner
+    does): otherwise they are read from the device tensors, a host sync.
+    num_splits, tile_n, num_warps and num_stages override the heuristics
+    (tests, and tuning with ops/bench/kernels/attention.py on a GPU).
+    """
+    _check_args(query, key_cache, value_cache, block_tables, query_start_loc, seq_lens)
+    num_tokens, n_q, head_dim = query.shape
+    block_size, n_kv = key_cache.shape[1], key_cache.shape[2]
+    batch = block_tables.shape[0]
+    if out is None:
+        out = torch.empty_like(query)
+    elif out.shape != query.shape or out.dtype != query.dtype or out.stride(-1) != 1:
+        raise KernelArgError("out", f"{tuple(out.shape)} {out.dtype} does not match query")
+    if num_tokens == 0 or batch == 0:
+        return out
+    if max_query_len is None:
+        max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max())
+    if max_seq_len is None:
+        max_seq_len = int(seq_lens.max())
+
+    plan = plan_launch(
+        num_tokens, batch, n_q, n_kv, head_dim, max_query_len, max_seq_len, query.device,
+        num_splits=num_splits, tile_n=tile_n, num_warps=num_warps,
+    )  # fmt: skip
+    num_splits = plan.num_splits
+    part_out = part_lse = out  # placeholders the kernel never touches when NUM_SPLITS == 1
+    if num_splits > 1:
+        part_out = torch.empty(
+            num_tokens, n_q, num_splits, head_dim, dtype=torch.float32, device=query.device
+        )
+        part_lse = torch.empty(num_tokens, n_q, num_splits, dtype=torch.float32, device=query.device)
+    _paged_attention_kernel[(plan.grid0, n_kv, num_splits)](
+        out, part_out, part_lse, query, key_cache, value_cache,
+        block_tables, query_start_loc, seq_lens,
+        scale * LOG2E, batch,
+        query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+        value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
+        block_tables.stride(0), n_q,
+        HEAD_DIM=head_dim, HEAD_DIM_P=max(16, next_pow2(head_dim)), GROUP=n_q // n_kv,
+        BLOCK_M=plan.block_m, BLOCK_Q=plan.block_q, BLOCK_SIZE=block_size, TILE_N=plan.tile_n,
+        NUM_SPLITS=num_splits, ONE_Q_BLOCK=plan.one_q_block, UPCAST=upcast_dots(query.dtype),
+        num_warps=plan.num_warps, num_stages=num_stages,
+    )  # fmt: skip
+    if num_splits > 1:
+        merge_splits(part_out, part_lse, out)
+    return out

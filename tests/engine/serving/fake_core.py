@@ -1,0 +1,95 @@
+"""A stand-in for EngineCore in fast loop tests: one token per running request per step.
+
+It implements exactly the methods engine.serving.server.CoreLike names, with the same
+meaning (deltas carry cumulative counts; "length" at max_tokens), so the
+server's routing, aborts and shutdown are tested without loading a model.
+The tests in tests/engine/serving/test_server.py run the same paths with the real core.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from engine.outputs import RequestDelta
+from engine.request import Request
+from engine.serving.server import EngineInfo, EngineServer, ServerConfig
+from engine.serving.step_stats import CoreCounts
+
+
+class FakeCore:
+    def __init__(self, num_blocks: int = 64, block_size: int = 4) -> None:
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.requests: dict[str, Request] = {}
+        self.aborted: list[str] = []
+        self.fail_next_step: Exception | None = None
+        self.step_gate = threading.Event()
+        """Steps run only while this is set: tests hold requests in flight by clearing it."""
+        self.step_gate.set()
+        self.entered_step = threading.Event()
+        """Set each time a step starts (before it waits on step_gate)."""
+
+    def add_request(self, request: Request) -> None:
+        if request.sampling.max_tokens > 10_000:
+            raise ValueError("max_tokens too large for the fake core")
+        self.requests[request.request_id] = request
+
+    def abort_requests(self, request_ids: Iterable[str]) -> list[RequestDelta]:
+        out = []
+        for rid in request_ids:
+            if (r := self.requests.pop(rid, None)) is not None:
+                self.aborted.append(rid)
+                out.append(RequestDelta(rid, [], r.num_prompt_tokens, r.num_output_tokens, 0, "abort"))
+        return out
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    def step(self) -> list[RequestDelta]:
+        self.entered_step.set()
+        self.step_gate.wait(5.0)
+        time.sleep(0.001)  # a step takes time: tests can act while a request is in flight
+        if self.fail_next_step is not None:
+            raise self.fail_next_step
+        out = []
+        for r in list(self.requests.values()):
+            r.output_token_ids.append(100 + r.num_output_tokens)
+            done = r.num_output_tokens >= r.sampling.max_tokens
+            out.append(RequestDelta(r.request_id, [r.output_token_ids[-1]], r.num_prompt_tokens,
+                                    r.num_output_tokens, 0, "length" if done else None))
+            if done:
+                del self.requests[r.request_id]
+        return out
+
+    def counts(self) -> CoreCounts:
+        used = sum(-(-r.num_tokens // self.block_size) for r in self.requests.values())
+        return CoreCounts(len(self.requests), 0, 0, self.num_blocks - used, self.num_blocks, 0)
+
+
+INFO = EngineInfo("fake", max_model_len=64, block_size=4, eos_token_id=2, num_blocks=64, vocab_size=1000)
+
+
+@dataclass
+class Running:
+    server: EngineServer
+    core: FakeCore
+    thread: threading.Thread
+    exit_code: list[int]
+
+    def stop(self, timeout: float = 5.0) -> int:
+        self.server.request_stop()
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "the engine loop did not stop"
+        return self.exit_code[0]
+
+
+def start_server(grace_s: float = 0.2, listen: str = "tcp://127.0.0.1:*") -> Running:
+    core = FakeCore()
+    server = EngineServer(core, INFO, ServerConfig(listen=listen, shutdown_grace_s=grace_s,
+                                                   close_linger_ms=500))
+    exit_code: list[int] = []
+    thread = threading.Thread(target=lambda: exit_code.append(server.serve()), daemon=True)
+    thread.start()
+    return Running(server, core, thread, exit_code)

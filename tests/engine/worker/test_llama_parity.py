@@ -1,0 +1,82 @@
+"""Must-show 1 and 2: greedy float32 output equals Hugging Face `generate` token for token.
+
+Eight prompts of different lengths run as one continuous batch with a tiny block
+budget and token budget, so prompts are prefilled in chunks, requests are
+preempted (their blocks swapped out and in) and freed blocks are reused.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from tests.support.tiny_model import tiny_llama_folder
+from pageserve_kernels import cpu_fused
+from shared.sampling import SamplingParams
+from tests.engine.model_fixtures import hf_greedy, make_llm, random_prompts, tiny_model
+
+__all__ = ["tiny_model"]
+
+LENGTHS = [1, 5, 17, 33, 8, 60, 2, 25]
+GREEDY_64 = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
+
+
+def _check_parity(folder: Path, lengths: list[int], vocab: int, *, blocks: int, block_size: int, budget: int) -> None:
+    prompts = random_prompts(lengths, vocab)
+    llm = make_llm(folder, blocks=blocks, block_size=block_size, budget=budget, seqs=8)
+    results = llm.generate(prompts, GREEDY_64, detokenize=False)
+    stats = llm.core.stats()
+    llm.core.scheduler.check_invariants()
+    # The budgets really forced chunked prefill and memory pressure:
+    assert max(lengths) > budget
+    assert sum((n + 64) // block_size + 1 for n in lengths) > blocks
+    assert stats.preemptions > 0 and stats.blocks_swapped_in == stats.blocks_swapped_out > 0
+    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    for prompt, result in zip(prompts, results, strict=True):
+        assert result.finish_reason == "length"
+        assert result.token_ids == hf_greedy(hf, prompt, 64), f"prompt of {len(prompt)} tokens diverged"
+
+
+def test_tiny_llama_matches_hf_generate(tiny_model: Path) -> None:
+    _check_parity(tiny_model, LENGTHS, 512, blocks=40, block_size=4, budget=24)
+
+
+def test_tiny_llama_matches_hf_on_the_pytorch_elementwise_path(tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the C norm/SiLU/rotary kernels (no compiler): the layers' residual stream still matches HF."""
+    monkeypatch.setattr(cpu_fused, "load", lambda: None)
+    _check_parity(tiny_model, LENGTHS, 512, blocks=40, block_size=4, budget=24)
+
+
+def test_tiny_llama_variant_matches_hf(tmp_path: Path) -> None:
+    """Untied lm_head, llama3 rope scaling, no GQA (ratio 1), head_dim not hidden/heads, block size 16."""
+    folder = tiny_llama_folder(
+        tmp_path, seed=3, hidden_size=48, num_heads=3, num_kv_heads=3, head_dim=32, num_layers=2,
+        tie_word_embeddings=False, vocab_size=300,
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                      "original_max_position_embeddings": 64},
+    )
+    _check_parity(folder, [70, 3, 41, 12, 99, 6, 28, 16], 300, blocks=14, block_size=16, budget=40)
+
+
+@pytest.mark.slow
+def test_default_model_matches_hf_generate() -> None:
+    _check_parity(Path(_default_model_path()), [3, 17, 40, 64, 9, 90, 30, 120], 49152, blocks=24, block_size=16,
+                  budget=48)
+
+
+@pytest.mark.slow
+def test_default_model_knows_the_capital_of_france() -> None:
+    llm = make_llm("smollm2", blocks=64, block_size=16, budget=256)
+    prompt = llm.encode_chat("What is the capital of France?")
+    result = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=32))[0]
+    assert "Paris" in result.text
+    assert result.finish_reason == "stop"  # it ends its answer with <|im_end|>
+
+
+def _default_model_path() -> str:
+    from shared.model_store import resolve_model
+
+    return str(resolve_model("smollm2").path)

@@ -1,0 +1,80 @@
+"""engine/worker/model_loader.py: any local Llama-family folder loads; anything else gets a typed error."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM
+
+from engine.config import ModelConfig
+from engine.worker.model_loader import load_model
+from engine.worker.models.llama import ModelConfigError
+from tests.support.tiny_model import tiny_llama_folder
+from shared.sampling import SamplingParams
+from tests.engine.model_fixtures import hf_greedy, make_llm, random_prompts
+
+
+def test_linear_rope_scaling_and_untied_head_match_hf(tmp_path: Path) -> None:
+    folder = tiny_llama_folder(tmp_path, seed=5, num_layers=2, tie_word_embeddings=False,
+                               rope_scaling={"rope_type": "linear", "factor": 4.0})
+    prompts = random_prompts([30, 7], 512, seed=6)
+    results = make_llm(folder).generate(prompts, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True),
+                                        detokenize=False)
+    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    for prompt, result in zip(prompts, results, strict=True):
+        assert result.token_ids == hf_greedy(hf, prompt, 16)
+
+
+def test_loaded_shape_and_fused_weights(tmp_path: Path) -> None:
+    folder = tiny_llama_folder(tmp_path, num_layers=2, num_heads=4, num_kv_heads=2, hidden_size=64)
+    loaded = load_model(ModelConfig(str(folder), dtype="bfloat16", max_model_len=100))
+    s = loaded.shape
+    assert (s.num_layers, s.num_heads, s.num_kv_heads, s.head_dim, s.tie_word_embeddings) == (2, 4, 2, 16, True)
+    assert loaded.max_model_len == 100 and loaded.eos_token_id == 2
+    attn = loaded.model.layers[0].attn
+    assert attn.qkv_weight.shape == ((4 + 2 * 2) * 16, 64) and attn.qkv_weight.dtype == torch.bfloat16
+    assert loaded.model.lm_head is loaded.model.embed  # tied: one matrix
+    raw = load_file(str(folder / "model.safetensors"))
+    k = raw["model.layers.0.self_attn.k_proj.weight"].bfloat16()
+    assert torch.equal(attn.qkv_weight[64:96], k)
+
+
+def test_non_llama_config_is_rejected(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}))
+    with pytest.raises(ModelConfigError, match="not a Llama-family"):
+        load_model(ModelConfig(str(tmp_path)))
+
+
+def test_missing_tensor_is_named(tmp_path: Path) -> None:
+    folder = tiny_llama_folder(tmp_path, num_layers=2)
+    tensors = load_file(str(folder / "model.safetensors"))
+    del tensors["model.layers.1.mlp.up_proj.weight"]
+    save_file(tensors, str(folder / "model.safetensors"))
+    with pytest.raises(ModelConfigError, match="model.layers.1.mlp.up_proj.weight"):
+        load_model(ModelConfig(str(folder)))
+
+
+@pytest.mark.parametrize(("dtype", "flags", "warned"), [
+    ("bfloat16", "flags\t\t: fpu avx avx2 fma", True),  # AVX2 only: bfloat16 is emulated
+    ("bfloat16", "flags\t\t: fpu avx2 avx512f avx512_bf16", False),
+    ("bfloat16", "flags\t\t: fpu avx2 amx_bf16 amx_tile", False),
+    ("float16", "flags\t\t: fpu avx2 avx512_bf16", True),
+    ("float32", "flags\t\t: fpu avx avx2 fma", False),
+])
+def test_half_dtype_without_cpu_support_is_warned(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  caplog: pytest.LogCaptureFixture, dtype: str, flags: str,
+                                                  warned: bool) -> None:
+    from pageserve_kernels import cpu_features
+
+    monkeypatch.setattr(cpu_features, "cpu_flags_line", lambda: flags)
+    folder = tiny_llama_folder(tmp_path, num_layers=1)
+    with caplog.at_level("WARNING", logger="pageserve.engine"):
+        load_model(ModelConfig(str(folder), dtype=dtype))
+    messages = [r.getMessage() for r in caplog.records if "no hardware support" in r.getMessage()]
+    assert len(messages) == int(warned)
+    if warned:
+        assert dtype in messages[0] and "--dtype float32" in messages[0]
