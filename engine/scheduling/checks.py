@@ -1,36 +1,54 @@
 """The scheduler's invariant check: every request is in exactly one place, in the right state,
-holding exactly the blocks that cover its computed tokens. Tests call it after every step."""
+holding exactly the blocks that cover its computed tokens. Tests call it after every step.
+
+It reads a `Placement`, the scheduler's public view of where its requests are, never the
+scheduler's private fields: the scheduler builds the view and calls `check_placement`, so this
+module does not import the scheduler.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
-from engine.request import RequestStatus
-
-if TYPE_CHECKING:
-    from engine.scheduling.scheduler import Scheduler
+from engine.request import Request, RequestStatus
+from engine.scheduling.block_manager import BlockManager
 
 
-def check_scheduler(s: Scheduler) -> None:
-    live = [state.req for state in s._live.values()]
-    s.bm.check(live)
-    pending = [r for g in s._groups.values() for r in g.pending]
-    queued = list(s.waiting)
-    places = len(s.running) + len(s.swapped) + len(queued) + len(pending)
-    assert places == len(live), f"{places} placed requests, {len(live)} live"
-    assert {r.request_id for r in s.running + s.swapped + queued + pending} == set(s._live)
-    assert len(s.running) + sum(s._pending_count(r) for r in s.running) <= s.config.max_num_seqs
-    for req in live:
-        assert req.num_computed_tokens <= req.num_tokens <= s.config.max_model_len
-    for req in s.running:
+@dataclass(frozen=True)
+class Placement:
+    """Where every live request is, as the scheduler sees it."""
+
+    live: list[Request]
+    running: list[Request]
+    swapped: list[Request]
+    queued: list[Request]
+    pending: list[Request]
+    """Samples of n>1 requests that have not forked yet."""
+    seats_taken: int
+    """Running requests plus the pending samples they will fork into."""
+    groups_without_live_sample: list[str]
+    bm: BlockManager
+    max_num_seqs: int
+    max_model_len: int
+
+
+def check_placement(p: Placement) -> None:
+    p.bm.check(p.live)
+    places = len(p.running) + len(p.swapped) + len(p.queued) + len(p.pending)
+    assert places == len(p.live), f"{places} placed requests, {len(p.live)} live"
+    placed = {r.request_id for r in p.running + p.swapped + p.queued + p.pending}
+    assert placed == {r.request_id for r in p.live}
+    assert p.seats_taken <= p.max_num_seqs
+    for req in p.live:
+        assert req.num_computed_tokens <= req.num_tokens <= p.max_model_len
+    for req in p.running:
         assert req.status is RequestStatus.RUNNING
-        need = s.bm.blocks_for(req.num_computed_tokens)
+        need = p.bm.blocks_for(req.num_computed_tokens)
         assert len(req.block_ids) == need, f"{req.request_id}: {len(req.block_ids)} blocks for {need}"
-    for req in s.swapped:
+    for req in p.swapped:
         assert req.status is RequestStatus.SWAPPED and not req.block_ids
-        assert s.bm.num_swapped_blocks(req) == s.bm.blocks_for(req.num_computed_tokens)
-    for req in queued + pending:
+        assert p.bm.num_swapped_blocks(req) == p.bm.blocks_for(req.num_computed_tokens)
+    for req in p.queued + p.pending:
         assert req.status is RequestStatus.WAITING and not req.block_ids
         assert req.num_computed_tokens == 0
-    for group in s._groups.values():
-        assert group.live, f"group {group.client_id} has no live sample"
+    assert not p.groups_without_live_sample, f"groups with no live sample: {p.groups_without_live_sample}"

@@ -38,7 +38,7 @@ from engine.scheduling.preemption import pick_victim, plan_room, preempt_kind, v
 from engine.request import Request, RequestStatus
 from engine.scheduling.request_checks import RequestRejected, validate_request
 from engine.scheduling.sample_group import SampleGroup, SampleState, make_delta, sample_ids, split_samples
-from engine.scheduling.checks import check_scheduler
+from engine.scheduling.checks import Placement, check_placement
 from engine.scheduling.config import SchedulerConfig, SchedulerStats
 from engine.scheduling.counters import Counters
 from engine.scheduling.step_builder import StepBuilder
@@ -374,6 +374,16 @@ class Scheduler:
             bm=self.bm,
         )
 
+    def placement(self) -> Placement:
+        return Placement(
+            live=[state.req for state in self._live.values()], running=list(self.running),
+            swapped=list(self.swapped), queued=list(self.waiting),
+            pending=[r for g in self._groups.values() for r in g.pending],
+            seats_taken=len(self.running) + sum(self._pending_count(r) for r in self.running),
+            groups_without_live_sample=[g.client_id for g in self._groups.values() if not g.live],
+            bm=self.bm, max_num_seqs=self.config.max_num_seqs, max_model_len=self.config.max_model_len,
+        )
+
     def check_invariants(self) -> None:
         """Assert block accounting and every request's state agree (tests call it every step)."""
-        check_scheduler(self)
+        check_placement(self.placement())
