@@ -15,11 +15,11 @@
     copy_blocks.py      Triton: copy-on-write block copies, every layer in one launch
     swap_blocks.py      PyTorch: device <-> CPU pool swaps, one transfer per step
     dispatch.py         select_backend("auto" | "torch" | "triton", device) -> AttentionBackend
-    bench.py            GPU decode-attention benchmark (python -m ops.bench.kernels.attention)
-    bench_fused.py      the C layer ops against PyTorch on the CPU (python -m ops.bench.kernels.fused)
-    bench_gemm.py       the panel GEMM against oneDNN and F.linear, a step's products (python -m ops.bench.kernels.gemm)
-    bench_ceiling.py    this CPU's FMA peak, product rates, bandwidth, the offline workload's floor
-    aot.py              compile every Triton kernel for sm_90 without a GPU (python -m ops.kernels_aot)
 
-Importing this package imports no Triton module: the CPU engine never needs one.
+Importing this package imports no Triton module: the CPU engine never needs one. Nothing here imports
+engine/, gateway/ or ops/ (tests/test_architecture.py): the kernels' benchmarks live in ops/bench/kernels/
+and the ahead-of-time compile check in ops/kernels_aot.py.
+
+(Named pageserve_kernels, not kernels: Hugging Face's `kernels` distribution, which transformers
+requires, owns that import name.)
 """

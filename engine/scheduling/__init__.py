@@ -1,0 +1,18 @@
+"""The scheduling part: who computes which tokens each step, and where their KV blocks live.
+
+Pure Python (no torch, no zmq, no numpy: tests/test_architecture.py enforces it), so its logic is
+tested fast on any machine. It sees requests as token counts and block ids, never tensors.
+
+    scheduler.py        Scheduler.schedule() -> SchedulerOutput; update(output, result) -> deltas
+    step_builder.py     the step being assembled: chunks under a token budget, block moves
+    fair_queue.py       the waiting queue: priority with aging, weighted fair share, arrival
+    preemption.py       which running request gives its blocks back, and how (swap or recompute)
+    sample_group.py     n > 1: one client request as n samples sharing prompt blocks (copy-on-write)
+    stop_conditions.py  the one place a sampled token becomes a finish reason
+    request_checks.py   admission: a request that could never run is refused up front
+    block_manager.py    block tables on the device and in the CPU pool; prefix-cache hits
+    block_pool.py       reference counts, the free list (O(1) LRU), the prefix cache's index
+    config.py           SchedulerConfig (the knobs) and SchedulerStats (what it reports)
+    counters.py         running totals behind SchedulerStats
+    checks.py           the invariant check tests run after every step (a public Placement view)
+"""

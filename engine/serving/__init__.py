@@ -1,0 +1,8 @@
+"""The serving part: the engine as a process behind a ZeroMQ socket (`pageserve engine`).
+
+    server.py           one ROUTER socket in front of one EngineCore: Hello/Ready, AddRequest, Abort,
+                        StepOutputs per gateway per step, Stats, fatal errors told to every gateway
+    core_factory.py     command-line flags -> frozen EngineConfig -> a loaded EngineCore (imports torch)
+    inflight.py         requests in flight: which gateway asked for each, what to tell it
+    step_stats.py       the server's own loop counters, merged with the core's counts into Stats
+"""

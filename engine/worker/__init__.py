@@ -1,0 +1,10 @@
+"""The worker part: executes a scheduled step on the device. Only this part (with the kernels) touches tensors.
+
+    model_runner.py     ModelRunner.execute(SchedulerOutput) -> RunnerOutput: move blocks, inputs, forward, sample
+    input_batch.py      one step as flat tensors: token ids, positions, slot mapping, block tables
+    kv_cache.py         the device KV pool that attention reads and the CPU pool that swaps go to
+    sampler.py          next-token choice per row: greedy, temperature, top-k, top-p, seeds
+    model_loader.py     weights from a Hugging Face folder (safetensors) into our LlamaModel
+    models/llama.py     the Llama forward pass, top to bottom with shape comments; owns its cost arithmetic
+    layers/             attention (paged, through pageserve_kernels), linear, MLP, norm, rotary
+"""
