@@ -21,49 +21,15 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable
 
 import httpx
 
-from engine.outputs import RequestDelta
-from engine.request import Request
 from engine.serving.server import EngineInfo, EngineServer, ServerConfig
-from engine.serving.step_stats import CoreCounts
+from engine.serving.synthetic_core import SyntheticCore
 from ops.launcher import create_demo_key, free_port, start_redis, stop_all
 
 WORDS = [504, 3575, 282, 4649, 314, 7042, 30, 216, 18645, 250]
 """' The capital of France is Paris.' then a CJK character split over two tokens."""
-
-
-class SyntheticCore:
-    """One token per running request per step; "length" at max_tokens. No model, no KV cache."""
-
-    def __init__(self) -> None:
-        self.requests: dict[str, Request] = {}
-
-    def add_request(self, request: Request) -> None:
-        self.requests[request.request_id] = request
-
-    def abort_requests(self, request_ids: Iterable[str]) -> None:
-        for rid in request_ids:
-            self.requests.pop(rid, None)
-
-    def has_unfinished_requests(self) -> bool:
-        return bool(self.requests)
-
-    def step(self) -> list[RequestDelta]:
-        out = []
-        for r in list(self.requests.values()):
-            r.output_token_ids.append(WORDS[r.num_output_tokens % len(WORDS)])
-            done = r.num_output_tokens >= r.sampling.max_tokens
-            out.append(RequestDelta(r.request_id, [r.output_token_ids[-1]], r.num_prompt_tokens,
-                                    r.num_output_tokens, 0, "length" if done else None))
-            if done:
-                del self.requests[r.request_id]
-        return out
-
-    def counts(self) -> CoreCounts:
-        return CoreCounts(len(self.requests), 0, 0, 1 << 20, 1 << 20, 0)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -91,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     info = EngineInfo("smollm2", max_model_len=8192, block_size=16, eos_token_id=2, num_blocks=1 << 20,
                       vocab_size=49152)
-    engine = EngineServer(SyntheticCore(), info, ServerConfig(listen=f"tcp://127.0.0.1:{free_port()}"))
+    engine = EngineServer(SyntheticCore(WORDS, 1 << 20, 16), info, ServerConfig(listen=f"tcp://127.0.0.1:{free_port()}"))
     threading.Thread(target=engine.serve, daemon=True).start()
     redis, redis_url = start_redis()
     port = free_port()

@@ -16,13 +16,15 @@ from dataclasses import dataclass
 from engine.outputs import RequestDelta
 from engine.request import Request
 from engine.serving.server import EngineInfo, EngineServer, ServerConfig
-from engine.serving.step_stats import CoreCounts
+from engine.serving.synthetic_core import SyntheticCore
 
 
-class FakeCore:
+class FakeCore(SyntheticCore):
+    """SyntheticCore (tokens 100, 101, ...) plus what tests steer: a step gate, an injected failure,
+    the aborted ids, and a refusal of huge max_tokens."""
+
     def __init__(self, num_blocks: int = 64, block_size: int = 4) -> None:
-        self.num_blocks, self.block_size = num_blocks, block_size
-        self.requests: dict[str, Request] = {}
+        super().__init__(range(100, 10_100), num_blocks, block_size)
         self.aborted: list[str] = []
         self.fail_next_step: Exception | None = None
         self.step_gate = threading.Event()
@@ -34,18 +36,12 @@ class FakeCore:
     def add_request(self, request: Request) -> None:
         if request.sampling.max_tokens > 10_000:
             raise ValueError("max_tokens too large for the fake core")
-        self.requests[request.request_id] = request
+        super().add_request(request)
 
     def abort_requests(self, request_ids: Iterable[str]) -> list[RequestDelta]:
-        out = []
-        for rid in request_ids:
-            if (r := self.requests.pop(rid, None)) is not None:
-                self.aborted.append(rid)
-                out.append(RequestDelta(rid, [], r.num_prompt_tokens, r.num_output_tokens, 0, "abort"))
+        out = super().abort_requests(request_ids)
+        self.aborted += [d.request_id for d in out]
         return out
-
-    def has_unfinished_requests(self) -> bool:
-        return bool(self.requests)
 
     def step(self) -> list[RequestDelta]:
         self.entered_step.set()
@@ -53,19 +49,7 @@ class FakeCore:
         time.sleep(0.001)  # a step takes time: tests can act while a request is in flight
         if self.fail_next_step is not None:
             raise self.fail_next_step
-        out = []
-        for r in list(self.requests.values()):
-            r.output_token_ids.append(100 + r.num_output_tokens)
-            done = r.num_output_tokens >= r.sampling.max_tokens
-            out.append(RequestDelta(r.request_id, [r.output_token_ids[-1]], r.num_prompt_tokens,
-                                    r.num_output_tokens, 0, "length" if done else None))
-            if done:
-                del self.requests[r.request_id]
-        return out
-
-    def counts(self) -> CoreCounts:
-        used = sum(-(-r.num_tokens // self.block_size) for r in self.requests.values())
-        return CoreCounts(len(self.requests), 0, 0, self.num_blocks - used, self.num_blocks, 0)
+        return super().step()
 
 
 INFO = EngineInfo("fake", max_model_len=64, block_size=4, eos_token_id=2, num_blocks=64, vocab_size=1000)
