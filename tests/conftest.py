@@ -7,6 +7,14 @@ import pytest
 from tests.support.redis_server import redis_server
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that needs redis-server says so by its fixture; the marker follows from it, so
+    `pytest -m "not slow and not redis"` is the fast loop without any server."""
+    for item in items:
+        if "redis_url" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.redis)
+
+
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:
     """One private redis-server for the whole session; tests use their own key prefixes or flush."""

@@ -38,9 +38,7 @@ CATEGORIES: list[tuple[str, Rule]] = [
     ("KV cache writes", lambda f, n: f == "~" and "index_copy" in n or n == "store_kv"),
     ("sampling", lambda f, n: f.endswith(("engine/worker/sampler.py", "engine/scheduling/sample_group.py")) or n == "argmax"),
     ("norms, SiLU, rotary", lambda f, n: f.endswith(("pageserve_kernels/cpu_fused.py", "pageserve_kernels/fused_ops.py"))),
-    ("scheduler", lambda f, n: any(f.endswith(f"engine/{m}.py") for m in (
-        "scheduler", "block_manager", "block_pool", "preemption", "step_builder", "stop_conditions", "fair_queue",
-        "scheduler_counters", "request"))),
+    ("scheduler", lambda f, n: "engine/scheduling/" in f or f.endswith("engine/request.py")),
 ]
 OTHER = "other Python and torch glue"
 
