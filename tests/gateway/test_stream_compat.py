@@ -63,3 +63,19 @@ def test_response_format_keeps_usage_null_without_continuous_stats() -> None:
     assert fmt.text_chunk(0, "x", Usage(3, 1))["usage"] is None
     fmt = ResponseFormat("chat", "chatcmpl-1", "m", include_usage=True, continuous_usage=True)
     assert fmt.text_chunk(0, "x", Usage(3, 1))["usage"]["total_tokens"] == 4
+
+
+def test_vllm_bench_serve_payloads_are_accepted(make_gateway: Any) -> None:
+    """The bodies `vllm bench serve` sends (its openai and openai-chat backends, with --ignore-eos)."""
+    gw = make_gateway()
+    completions = {"model": "smollm2", "prompt": "Hello there", "repetition_penalty": 1.0, "max_tokens": 4,
+                   "logprobs": None, "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}
+    events = sse_events(gw.post("/v1/completions", completions).text)
+    assert events[-1] == "[DONE]" and events[-2]["usage"]["completion_tokens"] == 4
+    chat = {"model": "smollm2", "messages": [{"role": "user", "content": [{"type": "text", "text": "Hello"}]}],
+            "max_completion_tokens": 4, "stream": True, "stream_options": {"include_usage": True},
+            "ignore_eos": True}
+    events = sse_events(gw.post("/v1/chat/completions", chat).text)
+    assert events[-1] == "[DONE]" and events[-2]["usage"]["completion_tokens"] == 4
+    # The first chunk with choices (where that client stamps TTFT) is the role chunk of the first token.
+    assert events[0]["choices"][0]["delta"]["role"] == "assistant"
