@@ -99,3 +99,21 @@ def test_recent_keys_expire_and_stay_bounded() -> None:
         recent.add(k)
     assert not recent.seen("ps-key-a") and recent.seen("ps-key-b") and recent.seen("ps-key-c")
     assert "ps-key" not in repr(recent._expiry)  # hashes only, never the key itself
+
+
+def test_a_recently_verified_key_skips_the_early_round_trip(make_gateway: Any,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    from gateway.tenancy.store import TenantStore
+
+    calls: list[str] = []
+    original = TenantStore.authenticate
+
+    async def counting(self: TenantStore, plaintext: str) -> Any:
+        calls.append("authenticate")
+        return await original(self, plaintext)
+
+    monkeypatch.setattr(TenantStore, "authenticate", counting)
+    gw = make_gateway()  # no quotas here: admission verifies with one authenticate per request
+    for _ in range(3):
+        assert gw.post("/v1/chat/completions", CHAT).status_code == 200
+    assert len(calls) == 3 + 1  # one per admission, plus the first early check only
