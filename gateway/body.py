@@ -2,7 +2,9 @@
 
 Owns everything between the bytes and a `dict`: the content type, the size limit
 (checked against Content-Length first and again while a chunked body streams in,
-so nothing over the limit is buffered whole), and a strict JSON parse: only
+so nothing over the limit is buffered whole), a deadline for the whole body (a
+client that declares more than it sends, or trickles it, gets a 408 instead of
+holding the request open forever), and a strict JSON parse: only
 UTF-8, no NaN/Infinity literals, no number that overflows to infinity, no lone
 UTF-16 surrogate (`"\\ud800"` decodes to a str that cannot be encoded back to
 UTF-8 and would fail later, in the tokenizer or the response), and at most
@@ -20,20 +22,27 @@ import math
 import re
 from typing import Any
 
+import anyio
 from starlette.requests import Request
 
 from gateway.errors import APIError, InvalidRequest
 
-MAX_DEPTH = 32
-"""Nesting levels allowed in a body (a chat request needs 4: body, messages, message, content part)."""
+MAX_DEPTH = 64
+"""Nesting levels allowed in a body (a chat request needs 4; a JSON schema in response_format a few dozen)."""
 
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
 
 
-async def read_json_object(request: Request, limit: int) -> dict[str, Any]:
-    """The body as a JSON object: 415 for a non-JSON content type, 413 past `limit`, 400 otherwise."""
+async def read_json_object(request: Request, limit: int, timeout_s: float) -> dict[str, Any]:
+    """The body as a JSON object: 415 for a non-JSON content type, 413 past `limit`, 408 after
+    `timeout_s`, 400 otherwise."""
     check_content_type(request)
-    return parse_json(await read_body(request, limit))
+    with anyio.move_on_after(timeout_s) as deadline:
+        raw = await read_body(request, limit)
+    if deadline.cancelled_caught:
+        raise APIError(f"the request body did not arrive within {timeout_s:g} s", code="request_timeout",
+                       status_code=408)
+    return parse_json(raw)
 
 
 def check_content_type(request: Request) -> None:

@@ -15,6 +15,8 @@ Redis round trip) by `serving.serve`.
 
 from __future__ import annotations
 
+from typing import Any
+
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -34,7 +36,7 @@ async def chat_completions(request: Request) -> ASGIApp:
     state = get_state(request)
     key = bearer_key(request)
     await check_key_first(key, state.store, state.recent_keys)
-    chat = parse_chat(await read_json_object(request, state.config.max_body_bytes))
+    chat = parse_chat(await _read_body(request, state))
     _check_settings(state, chat.settings)
     prompt = PromptInput(await state.prompts.chat(chat.messages), param="messages")
     return await serve(request, state, plan(state, "chat", chat.settings, prompt), key)
@@ -44,7 +46,7 @@ async def completions(request: Request) -> ASGIApp:
     state = get_state(request)
     key = bearer_key(request)
     await check_key_first(key, state.store, state.recent_keys)
-    completion = parse_completion(await read_json_object(request, state.config.max_body_bytes))
+    completion = parse_completion(await _read_body(request, state))
     _check_settings(state, completion.settings)
     prompt = PromptInput(await state.prompts.completion(completion.prompt), param="prompt")
     return await serve(request, state, plan(state, "completion", completion.settings, prompt), key)
@@ -60,6 +62,10 @@ async def health(request: Request) -> Response:
     ok = client is not None and redis_ok
     body = {"status": "ok" if ok else "unavailable", "engine": engine, "redis": {"healthy": redis_ok}}
     return JSONResponse(body, status_code=200 if ok else 503)
+
+
+async def _read_body(request: Request, state: GatewayState) -> dict[str, Any]:
+    return await read_json_object(request, state.config.max_body_bytes, state.config.body_timeout_s)
 
 
 def _check_settings(state: GatewayState, settings: GenerationSettings) -> None:

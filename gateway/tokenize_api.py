@@ -84,7 +84,7 @@ async def detokenize(request: Request) -> Response:
 async def _authorized_body(request: Request) -> tuple[GatewayState, dict[str, Any]]:
     state = get_state(request)
     await check_key_first(bearer_key(request), state.store, state.recent_keys)
-    return state, await read_json_object(request, state.config.max_body_bytes)
+    return state, await read_json_object(request, state.config.max_body_bytes, state.config.body_timeout_s)
 
 
 def _check_model(state: GatewayState, model: str | None) -> None:

@@ -86,3 +86,32 @@ def test_malformed_bodies_through_the_app(make_gateway: Any, raw: bytes) -> None
                        headers={"Authorization": f"Bearer {gw.key}", "Content-Type": "application/json"})
     assert r.status_code == 400
     assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+
+
+async def _slow_body(declared: int, sent: bytes, timeout_s: float) -> Any:
+    import anyio
+    from starlette.requests import Request
+
+    from gateway.body import read_json_object
+
+    parts = [{"type": "http.request", "body": sent, "more_body": True}]
+
+    async def receive() -> dict[str, Any]:
+        if parts:
+            return parts.pop()
+        await anyio.sleep_forever()  # the client declared more than it sends and keeps the socket open
+        raise AssertionError
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/completions",
+             "headers": [(b"content-length", str(declared).encode()), (b"content-type", b"application/json")]}
+    return await read_json_object(Request(scope, receive), 1 << 20, timeout_s)
+
+
+def test_a_body_that_never_arrives_whole_is_408_not_a_hang() -> None:
+    import anyio
+
+    from gateway.errors import APIError
+
+    with pytest.raises(APIError) as e:
+        anyio.run(_slow_body, 100, b'{"model": ', 0.2)
+    assert e.value.status_code == 408 and e.value.code == "request_timeout"
