@@ -4,9 +4,14 @@ A request's path through the package:
 
     server.py        `pageserve gateway`: flags/env -> GatewayConfig (config.py) -> uvicorn
     app.py           create_app(config): routes + a lifespan owning the services (state.py)
-    routes.py        POST /v1/chat/completions, /v1/completions; GET /v1/models, /health
-    auth.py          Bearer key -> AuthContext + quota ticket in one Redis round trip (keys only as hashes),
-                     or 401 before any other refusal
+    routes.py        POST /v1/chat/completions, /v1/completions; GET /health; mounts the routes below
+    models_api.py    GET /v1/models, /v1/models/{model}; the one model-name check
+    tokenize_api.py  POST /tokenize, /detokenize (vLLM's shapes)
+    openapi.py       GET /openapi.json, generated from the request models
+    auth.py          Bearer key verified before the body is read (recent_keys.py: hashes of keys verified
+                     in the last seconds), then key + quota ticket in one Redis round trip at admission
+    body.py          bytes -> JSON object: content type, size limit, strict JSON, or 4xx
+    request_fields.py which top-level fields are honoured, refused unless neutral, or ignored (vLLM's policy)
     schemas.py       body checked field by field -> SamplingParams + stop strings, or 400 naming the param
     prompts.py       chat template + tokenization (tokenizer.py: tokenizers + jinja2, no torch)
     serving.py       context check, admission, submit, then SSE (sse.py) or one JSON body;

@@ -1,19 +1,18 @@
 """`Authorization: Bearer <key>` to the caller's tenancy context and admission, or a 401.
 
-A generation request costs one Redis round trip before the engine sees it:
+A generation request's path:
 
-    key = bearer_key(request)                          # 401 at once for a missing or malformed header
-    async with key_checked_first(request, key, store): # read, parse, tokenize, check: a refusal in
-        ...                                            #   here is a 401 instead when the key is bad
+    key = bearer_key(request)                    # 401 at once for a missing or malformed header
+    await check_key_first(key, store, recent)    # 401 before the body is read, parsed or tokenized
+    ...                                          # read, parse, template, tokenize, check
     caller, ticket = await admit(key, store, admission, prompt_tokens, reserve)
 
-`admit` hands the key itself to the admission script, which looks it up and
-checks the quotas atomically (`Admission.admit_key`), so the key is verified
-only after the body was read. Two rules keep that cheap and the errors as they
-were: a body declared over `EARLY_CHECK_BYTES` (or of unknown length) has its
-key verified before it is read (an unauthenticated client never gets a large
-body parsed and tokenized), and a refusal raised before admission (400, 404,
-413, engine down) is sent only once the key is known good. Routes without quotas (`/v1/models`) use `authenticate`.
+An unauthenticated client never makes the gateway read its body, at any size:
+the key is verified first. `admit` hands the key itself to the admission
+script, which looks it up again and checks the quotas atomically
+(`Admission.admit_key`); so a key verified a moment ago (`RecentKeys`, by hash)
+skips the first check's round trip, and a hot key still costs one round trip
+per request. Routes without quotas (`/v1/models`, `/tokenize`) use `authenticate`.
 
 Owns reading the header and mapping the tenancy answers to HTTP errors; the
 lookup itself belongs to `gateway/tenancy/`. The key is never logged nor echoed.
@@ -21,20 +20,15 @@ lookup itself belongs to `gateway/tenancy/`. The key is never logged nor echoed.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator
 from typing import Protocol
 
 from starlette.requests import Request
 
 from gateway.errors import AuthenticationError, ServiceUnavailable
+from gateway.recent_keys import RecentKeys
 from gateway.tenancy.admission import Admission, Ticket
 from gateway.tenancy.errors import TenancyUnavailable
 from gateway.tenancy.store import AuthContext
-
-EARLY_CHECK_BYTES = 8 * 1024
-"""Bodies declared larger than this (about 2,000 tokens of text) have their key verified before they are
-read: the extra round trip is small next to tokenizing them, and it keeps bad keys from costing that work."""
 
 
 class KeyStore(Protocol):
@@ -86,24 +80,12 @@ async def admit(key: str, store: KeyStore, admission: Admission | None, prompt_t
     return admitted
 
 
-@contextlib.asynccontextmanager
-async def key_checked_first(request: Request, key: str, store: KeyStore) -> AsyncIterator[None]:
-    """Wrap everything between the header and admission: a bad key is told 401 whatever else is wrong.
-
-    A body declared over EARLY_CHECK_BYTES (or of no declared length) has its
-    key verified before the block runs, so it is never read for a bad key;
-    otherwise a refusal raised inside is sent only after the key verified.
-    """
-    declared = request.headers.get("content-length", "")
-    verified = not declared.isdigit() or int(declared) > EARLY_CHECK_BYTES
-    if verified:
-        await verify(key, store)
-    try:
-        yield
-    except Exception:  # a 4xx or 503 above all, but an unexpected 500 is no different
-        if not verified:
-            await verify(key, store)
-        raise
+async def check_key_first(key: str, store: KeyStore, recent: RecentKeys) -> None:
+    """A 401 (or 503) before any work on the body; a key verified in the last seconds passes at once."""
+    if recent.seen(key):
+        return
+    await verify(key, store)
+    recent.add(key)
 
 
 def _rejected() -> AuthenticationError:

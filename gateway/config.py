@@ -35,6 +35,8 @@ class GatewayConfig:
     """`/v1/completions` without max_tokens (OpenAI's default); chat uses the room left in the context."""
     max_body_bytes: int = 4 * 1024 * 1024
     """Larger request bodies get a 413 before they are buffered (a whole context of text is ~100 KB)."""
+    body_timeout_s: float = 30.0
+    """A request body must arrive whole within this (after the key was verified), else a 408."""
     log_level: str = "info"
     workers: int = 1
     """Gateway processes sharing the port (uvicorn workers); each has its own engine client and tokenizer."""

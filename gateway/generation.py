@@ -174,9 +174,11 @@ class Generation:
         text = sample.detok.push(item.new_token_ids)
         if sample.detok.num_tokens < self.sampling.min_tokens:
             # Like stop token ids, stop strings do not count before min_tokens (vLLM's rule).
-            return [ChoiceDelta(item.index, text)] if text else []
+            return [ChoiceDelta(item.index, text)]
         result = sample.stops.feed(text)
-        out = [ChoiceDelta(item.index, result.text)] if result.text else []
+        # A delta even when the text is held back (partial UTF-8, a possible stop string): a stream
+        # announces its choice at the first token, not at the first printable text.
+        out = [ChoiceDelta(item.index, result.text)]
         if result.stopped:
             sample.finish_reason = "stop"
             out.append(ChoiceDelta(item.index, "", "stop"))

@@ -38,27 +38,31 @@ class ResponseFormat:
     model: str
     include_usage: bool = False
     """Streaming only: every chunk carries "usage": null and a last chunk carries the usage."""
+    continuous_usage: bool = False
+    """Streaming with include_usage: every chunk carries the usage so far instead of null (vLLM's
+    stream_options.continuous_usage_stats)."""
     created: int = field(default_factory=lambda: int(time.time()))
 
     # ------------------------------------------------------------------ streaming
 
-    def role_chunk(self, index: int) -> dict[str, Any]:
-        """The first chunk of a chat choice announces the role."""
+    def role_chunk(self, index: int, usage: Usage | None = None) -> dict[str, Any]:
+        """The first chunk of a chat choice announces the role; it goes out with the choice's first token."""
         assert self.endpoint == "chat"
-        return self._chunk([self._choice(index, {"role": "assistant", "content": ""}, None)])
+        return self._chunk([self._choice(index, {"role": "assistant", "content": ""}, None)], usage)
 
-    def text_chunk(self, index: int, text: str) -> dict[str, Any]:
-        return self._chunk([self._choice(index, {"content": text} if self.endpoint == "chat" else text, None)])
+    def text_chunk(self, index: int, text: str, usage: Usage | None = None) -> dict[str, Any]:
+        content = {"content": text} if self.endpoint == "chat" else text
+        return self._chunk([self._choice(index, content, None)], usage)
 
-    def finish_chunk(self, index: int, finish_reason: str) -> dict[str, Any]:
-        return self._chunk([self._choice(index, {} if self.endpoint == "chat" else "", finish_reason)])
+    def finish_chunk(self, index: int, finish_reason: str, usage: Usage | None = None) -> dict[str, Any]:
+        return self._chunk([self._choice(index, {} if self.endpoint == "chat" else "", finish_reason)], usage)
 
     def usage_chunk(self, usage: Usage) -> dict[str, Any]:
         chunk = self._chunk([])
         chunk["usage"] = usage_body(usage)
         return chunk
 
-    def _chunk(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
+    def _chunk(self, choices: list[dict[str, Any]], usage: Usage | None = None) -> dict[str, Any]:
         chunk: dict[str, Any] = {
             "id": self.request_id,
             "object": "chat.completion.chunk" if self.endpoint == "chat" else "text_completion",
@@ -67,7 +71,7 @@ class ResponseFormat:
             "choices": choices,
         }
         if self.include_usage:
-            chunk["usage"] = None
+            chunk["usage"] = usage_body(usage) if self.continuous_usage and usage is not None else None
         return chunk
 
     def _choice(self, index: int, content: dict[str, str] | str, finish_reason: str | None) -> dict[str, Any]:

@@ -30,29 +30,47 @@ class Prompts:
 
         return cls(await anyio.to_thread.run_sync(_load))
 
-    async def chat(self, messages: list[dict[str, str]]) -> list[int]:
-        return await anyio.to_thread.run_sync(self._chat, messages)
+    async def chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True,
+                   add_special_tokens: bool = False) -> list[int]:
+        return await anyio.to_thread.run_sync(self._chat, messages, add_generation_prompt, add_special_tokens)
 
-    def _chat(self, messages: list[dict[str, str]]) -> list[int]:
+    def _chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True,
+              add_special_tokens: bool = False) -> list[int]:
         if self.tokenizer.chat_template is None:
             raise InvalidRequest("this model has no chat template; use /v1/completions", param="messages")
         try:
-            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
         except ChatTemplateError as e:  # the template's own checks (role order...)
             raise InvalidRequest(f"messages do not fit the model's chat template: {e}", param="messages") from None
         # The template already wrote the special tokens (BOS, <|im_start|>...).
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
     async def completion(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, list):
-            bad = next((t for t in prompt if t >= self.vocab_size), None)
-            if bad is not None:
-                raise InvalidRequest(f"token id {bad} is outside the vocabulary (size {self.vocab_size})",
-                                     param="prompt")
+            self.check_vocab(prompt, "prompt")
             return list(prompt)
         if not prompt:
             raise InvalidRequest("prompt must not be empty", param="prompt")
         return list(await anyio.to_thread.run_sync(self._encode, prompt))
 
-    def _encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=True))
+    async def text(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """`text` tokenized as it is (no emptiness rule: /tokenize of "" is [] or [BOS])."""
+        return list(await anyio.to_thread.run_sync(self._encode, text, add_special_tokens))
+
+    def _encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+    def check_vocab(self, token_ids: list[int], param: str) -> None:
+        """A 400 naming `param` when an id is outside the vocabulary (it would index past a tensor)."""
+        bad = next((t for t in token_ids if not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            raise InvalidRequest(f"token id {bad} is outside the vocabulary (size {self.vocab_size})", param=param)
+
+    async def detokenize(self, token_ids: list[int]) -> str:
+        return await anyio.to_thread.run_sync(self._decode, token_ids)
+
+    def _decode(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=False)
+
+    def token_strings(self, token_ids: list[int]) -> list[str]:
+        return [self.tokenizer.id_to_token(t) for t in token_ids]

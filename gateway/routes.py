@@ -2,62 +2,54 @@
 
     POST /v1/chat/completions   chat messages -> chat template -> tokens -> serving
     POST /v1/completions        prompt (text or token ids) -> tokens -> serving
-    GET  /v1/models             the one model the engine serves
+    GET  /v1/models, /v1/models/{model}   the one model the engine serves (models_api.py)
+    POST /tokenize, /detokenize vLLM's tokenizer endpoints (tokenize_api.py)
+    GET  /openapi.json          the API document, generated from the request models (openapi.py)
     GET  /health                engine and Redis status (no key needed)
 
-A generation request's key is verified by its admission script, one Redis round
-trip for key and quotas (`gateway/auth.py`); a bad key still gets its 401 before
-any other refusal, and a large body is never read for one.
+Every route with a key checks it before reading the body (`check_key_first`),
+so an unauthenticated client never gets a body read, parsed, templated or
+tokenized; a generation request is then admitted (key + quotas again, one
+Redis round trip) by `serving.serve`.
 """
 
 from __future__ import annotations
 
-import time
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp
 
-from gateway.auth import authenticate, bearer_key, key_checked_first
-from gateway.errors import APIError, NotFound
-from gateway.schemas import GenerationSettings, parse_chat, parse_completion, parse_json
+from gateway.auth import bearer_key, check_key_first
+from gateway.body import read_json_object
+from gateway.models_api import check_model, get_model, list_models
+from gateway.openapi import openapi_json
+from gateway.schemas import GenerationSettings, parse_chat, parse_completion
 from gateway.serving import PromptInput, plan, serve
 from gateway.state import GatewayState, get_state
+from gateway.tokenize_api import detokenize, tokenize
 
 
 async def chat_completions(request: Request) -> ASGIApp:
     state = get_state(request)
     key = bearer_key(request)
-    async with key_checked_first(request, key, state.store):
-        chat = parse_chat(parse_json(await read_body(request, state.config.max_body_bytes)))
-        _check_model(state, chat.settings)
-        prompt = PromptInput(await state.prompts.chat(chat.messages), param="messages")
-        checked = plan(state, "chat", chat.settings, prompt)
-    return await serve(request, state, checked, key)
+    await check_key_first(key, state.store, state.recent_keys)
+    chat = parse_chat(await _read_body(request, state))
+    _check_settings(state, chat.settings)
+    prompt = PromptInput(await state.prompts.chat(chat.messages), param="messages")
+    return await serve(request, state, plan(state, "chat", chat.settings, prompt), key)
 
 
 async def completions(request: Request) -> ASGIApp:
     state = get_state(request)
     key = bearer_key(request)
-    async with key_checked_first(request, key, state.store):
-        completion = parse_completion(parse_json(await read_body(request, state.config.max_body_bytes)))
-        _check_model(state, completion.settings)
-        prompt = PromptInput(await state.prompts.completion(completion.prompt), param="prompt")
-        checked = plan(state, "completion", completion.settings, prompt)
-    return await serve(request, state, checked, key)
-
-
-async def models(request: Request) -> Response:
-    state = get_state(request)
-    await authenticate(request, state.store)
-    info = state.engine_client().model_info
-    created = int(time.time())
-    return JSONResponse({
-        "object": "list",
-        "data": [{"id": info.model_name, "object": "model", "created": created, "owned_by": "pageserve",
-                  "max_model_len": info.max_model_len}],
-    })
+    await check_key_first(key, state.store, state.recent_keys)
+    completion = parse_completion(await _read_body(request, state))
+    _check_settings(state, completion.settings)
+    prompt = PromptInput(await state.prompts.completion(completion.prompt), param="prompt")
+    return await serve(request, state, plan(state, "completion", completion.settings, prompt), key)
 
 
 async def health(request: Request) -> Response:
@@ -72,33 +64,23 @@ async def health(request: Request) -> Response:
     return JSONResponse(body, status_code=200 if ok else 503)
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The body, or a 413 as soon as it passes `limit` bytes (never buffered whole first)."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise _too_large(limit)
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise _too_large(limit)
-    return bytes(body)
+async def _read_body(request: Request, state: GatewayState) -> dict[str, Any]:
+    return await read_json_object(request, state.config.max_body_bytes, state.config.body_timeout_s)
 
 
-def _too_large(limit: int) -> APIError:
-    return APIError(f"request body exceeds {limit} bytes", code="request_too_large", status_code=413)
-
-
-def _check_model(state: GatewayState, settings: GenerationSettings) -> None:
-    info = state.engine_client().model_info
-    if settings.model not in state.served_model_names(info):
-        raise NotFound(f"the model {settings.model!r} does not exist; this server serves {info.model_name!r}",
-                       param="model", code="model_not_found")
+def _check_settings(state: GatewayState, settings: GenerationSettings) -> None:
+    """What needs the model: its name, and stop token ids inside its vocabulary."""
+    check_model(state, settings.model)
+    state.prompts.check_vocab(list(settings.sampling.stop_token_ids), "stop_token_ids")
 
 
 ROUTES = [
     Route("/v1/chat/completions", chat_completions, methods=["POST"]),
     Route("/v1/completions", completions, methods=["POST"]),
-    Route("/v1/models", models, methods=["GET"]),
+    Route("/v1/models", list_models, methods=["GET"]),
+    Route("/v1/models/{model:path}", get_model, methods=["GET"]),
+    Route("/tokenize", tokenize, methods=["POST"]),
+    Route("/detokenize", detokenize, methods=["POST"]),
+    Route("/openapi.json", openapi_json, methods=["GET"]),
     Route("/health", health, methods=["GET"]),
 ]

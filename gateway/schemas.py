@@ -2,62 +2,67 @@
 
 Owns the shape of `/v1/chat/completions` and `/v1/completions` bodies and their
 conversion to `SamplingParams` + stop strings. Every failure becomes an
-`InvalidRequest` naming the offending `param`. It knows nothing about
-tokenizers, the engine or tenants: limits that need the tokenizer or the model
-(prompt length vs context) are checked by the handler.
+`InvalidRequest` naming the offending `param`. Which top-level fields are
+honoured, refused or ignored is `gateway/request_fields.py`'s table; integers
+are bounded here to what the wire and the sampler hold (int32 counts and ids,
+int64 seeds), so nothing out of range reaches the msgpack encoder; the ranges
+that are a sampling rule (n, temperature, top_p...) are `SamplingParams`'.
+The request models are also the source of `/openapi.json` (gateway/openapi.py).
+It knows nothing about tokenizers, the engine or tenants: limits that need the
+tokenizer or the model (prompt length vs context, vocabulary) are checked by the handler.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gateway.errors import InvalidRequest
+from gateway.request_fields import split_fields
 from shared.sampling import SamplingError, SamplingParams
-
-INFORMATIONAL_FIELDS = frozenset({"user", "metadata", "store", "service_tier"})
-"""Accepted and ignored: they change nothing about the generated tokens."""
-
-NEUTRAL_VALUES: dict[str, tuple[Any, ...]] = {
-    "frequency_penalty": (0, 0.0),
-    "presence_penalty": (0, 0.0),
-    "repetition_penalty": (1, 1.0),
-    "logprobs": (False,),
-    "echo": (False,),
-    "best_of": (1,),
-}
-"""Fields we do not implement but accept at their no-op value (SDKs send some by default)."""
 
 MAX_STOP_STRINGS = 8
 MAX_STOP_LENGTH = 256
 
+INT32_MAX = 2**31 - 1
+"""Counts and token ids: what the engine's int32/int64 tensors and msgpack hold with room to spare."""
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+"""Seeds (vLLM's range): seed + sample index stays inside torch.Generator.manual_seed and msgpack's uint64."""
+
+Count = Annotated[int, Field(ge=0, le=INT32_MAX)]
+TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
+
 
 class _Body(BaseModel):
     # strict: no "1" -> 1, no true -> 1; an int is still accepted where a float is expected.
-    model_config = ConfigDict(extra="forbid", strict=True)
+    # Unknown top-level fields never reach the model (request_fields.split_fields); nested ones are a 400.
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False,
+                              json_schema_extra={"additionalProperties": True})
 
     model: str
-    max_tokens: int | None = None
+    max_tokens: Annotated[int, Field(ge=1, le=INT32_MAX)] | None = None
     temperature: float | None = None
     top_p: float | None = None
-    top_k: int | None = None
-    n: int | None = None
+    top_k: Annotated[int, Field(ge=-1, le=INT32_MAX)] | None = None
+    """-1 or 0 disables top-k (vLLM accepts both)."""
+    n: Annotated[int, Field(ge=1, le=INT32_MAX)] | None = None
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)] | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
-    min_tokens: int | None = None
+    min_tokens: Count | None = None
     ignore_eos: bool | None = None
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[TokenId] | None = None
 
 
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
-    include_usage: bool = False
+    include_usage: bool | None = False
+    continuous_usage_stats: bool | None = False
+    """vLLM's extension: with include_usage, every chunk carries the usage so far."""
 
 
 class TextPart(BaseModel):
@@ -74,12 +79,16 @@ class ChatMessage(BaseModel):
 
 
 class _ChatBody(_Body):
+    model_config = ConfigDict(title="ChatCompletionRequest")
+
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = None
+    max_completion_tokens: Annotated[int, Field(ge=1, le=INT32_MAX)] | None = None
 
 
 class _CompletionBody(_Body):
-    prompt: str | list[str] | list[int] = Field(min_length=1)
+    model_config = ConfigDict(title="CompletionRequest")
+
+    prompt: str | list[str] | list[TokenId] = Field(min_length=1)
 
 
 _B = TypeVar("_B", bound=_Body)
@@ -96,6 +105,8 @@ class GenerationSettings:
     stop: tuple[str, ...]
     stream: bool
     include_usage: bool
+    continuous_usage: bool = False
+    """With include_usage: the usage so far in every chunk (stream_options.continuous_usage_stats)."""
     max_param: str = "max_tokens"
     """The body field max_tokens came from ("max_tokens" or "max_completion_tokens"), for errors."""
 
@@ -114,30 +125,16 @@ class CompletionRequest:
     """Text to tokenize, or token ids given directly."""
 
 
-def parse_json(raw: bytes) -> dict[str, Any]:
-    """The body as a JSON object, or a 400."""
-    try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise InvalidRequest(f"request body is not valid JSON: {e}", code="invalid_json") from None
-    if not isinstance(body, dict):
-        raise InvalidRequest("request body must be a JSON object", code="invalid_json")
-    return body
-
-
 def parse_chat(body: dict[str, Any]) -> ChatRequest:
-    parsed = _validate(_ChatBody, body)
-    messages = [
-        {"role": m.role, "content": m.content if isinstance(m.content, str) else "".join(p.text for p in m.content)}
-        for m in parsed.messages
-    ]
+    parsed = _validate(_ChatBody, body, "chat")
+    messages = flatten_messages(parsed.messages)
     max_tokens = parsed.max_completion_tokens if parsed.max_completion_tokens is not None else parsed.max_tokens
     param = "max_completion_tokens" if parsed.max_completion_tokens is not None else "max_tokens"
     return ChatRequest(_settings(parsed, max_tokens, param), messages)
 
 
 def parse_completion(body: dict[str, Any]) -> CompletionRequest:
-    parsed = _validate(_CompletionBody, body)
+    parsed = _validate(_CompletionBody, body, "completion")
     return CompletionRequest(_settings(parsed, parsed.max_tokens, "max_tokens"), _one_prompt(parsed.prompt))
 
 
@@ -149,34 +146,34 @@ def _one_prompt(prompt: str | list[str] | list[int]) -> str | list[int]:
         if len(prompt) != 1:
             raise InvalidRequest("only one prompt per request is supported", param="prompt")
         return texts[0]
-    ids = [p for p in prompt if isinstance(p, int)]
-    if any(t < 0 for t in ids):
-        raise InvalidRequest("prompt token ids must be non-negative", param="prompt")
-    return ids
+    return [p for p in prompt if isinstance(p, int)]
 
 
-def _validate(model: type[_B], body: dict[str, Any]) -> _B:
-    body = _drop_accepted_extras(body, model)
+def flatten_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
+    """[{"role", "content"}] with list content joined to text, as the chat template takes it."""
+    return [
+        {"role": m.role, "content": m.content if isinstance(m.content, str) else "".join(p.text for p in m.content)}
+        for m in messages
+    ]
+
+
+def _validate(model: type[_B], body: dict[str, Any], endpoint: str) -> _B:
+    body = split_fields(body, set(model.model_fields), endpoint)
     try:
         return model.model_validate(body)
     except ValidationError as e:
-        err = e.errors()[0]
-        param = _param_name(err["loc"])
-        if err["type"] == "extra_forbidden":
-            raise InvalidRequest(f"unsupported parameter: {param}", param=param, code="unsupported_parameter") from None
-        if err["type"] == "missing":
-            raise InvalidRequest(f"missing required parameter: {param}", param=param, code="missing_parameter") from None
-        raise InvalidRequest(f"invalid value for {param}: {err['msg']}", param=param, code="invalid_value") from None
+        raise invalid_request(e) from None
 
 
-def _drop_accepted_extras(body: dict[str, Any], model: type[BaseModel]) -> dict[str, Any]:
-    # Anything else left in is forbidden by the model: a 400 naming it.
-    return {k: v for k, v in body.items() if k in model.model_fields or not _ignorable(k, v)}
-
-
-def _ignorable(key: str, value: Any) -> bool:
-    neutral = NEUTRAL_VALUES.get(key, ())
-    return key in INFORMATIONAL_FIELDS or value is None or any(type(value) is type(v) and value == v for v in neutral)
+def invalid_request(e: ValidationError) -> InvalidRequest:
+    """pydantic's first error as a 400 naming the field (never echoing the value)."""
+    err = e.errors(include_input=False, include_url=False)[0]
+    param = _param_name(err["loc"])
+    if err["type"] == "extra_forbidden":
+        return InvalidRequest(f"unsupported parameter: {param}", param=param, code="unsupported_parameter")
+    if err["type"] == "missing":
+        return InvalidRequest(f"missing required parameter: {param}", param=param, code="missing_parameter")
+    return InvalidRequest(f"invalid value for {param}: {err['msg']}", param=param, code="invalid_value")
 
 
 _UNION_TAG = re.compile(r"[\[\]-]|^(str|int|float|bool|list|dict)$")
@@ -190,7 +187,7 @@ def _param_name(loc: tuple[int | str, ...]) -> str:
             out += f"[{part}]"
         elif not _UNION_TAG.search(part):
             out += f".{part}" if out else part
-    return out or "body"
+    return (out or "body")[:128]  # a nested key is the client's text: bounded
 
 
 def _settings(parsed: _Body, max_tokens: int | None, max_param: str) -> GenerationSettings:
@@ -203,7 +200,7 @@ def _settings(parsed: _Body, max_tokens: int | None, max_param: str) -> Generati
             "n": parsed.n,
             "temperature": parsed.temperature,
             "top_p": parsed.top_p,
-            "top_k": parsed.top_k,
+            "top_k": 0 if parsed.top_k == -1 else parsed.top_k,
             "seed": parsed.seed,
             "min_tokens": parsed.min_tokens,
             "ignore_eos": parsed.ignore_eos,
@@ -227,6 +224,8 @@ def _settings(parsed: _Body, max_tokens: int | None, max_param: str) -> Generati
         stop=stop,
         stream=bool(parsed.stream),
         include_usage=bool(parsed.stream_options and parsed.stream_options.include_usage),
+        continuous_usage=bool(parsed.stream_options and parsed.stream_options.include_usage
+                              and parsed.stream_options.continuous_usage_stats),
         max_param=max_param,
     )
 

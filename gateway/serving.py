@@ -84,7 +84,7 @@ async def serve(request: Request, state: GatewayState, plan: Plan, key: str) -> 
     """
     settings = plan.settings
     fmt = ResponseFormat(plan.endpoint, new_request_id(plan.endpoint), plan.engine.model_info.model_name,
-                         settings.include_usage)
+                         settings.include_usage, settings.continuous_usage)
     caller, ticket = await admit(key, state.store, state.admission, len(plan.prompt.token_ids),
                                  reservation(plan, state.admission))
     # From here on the request is admitted: every path ends in exactly one settlement (gen.close()).
@@ -134,15 +134,19 @@ class ThenClose:
 
 
 async def _stream_events(gen: Generation, fmt: ResponseFormat) -> AsyncIterator[bytes]:
-    if fmt.endpoint == "chat":
-        for index in range(gen.sampling.n):
-            yield sse_event(fmt.role_chunk(index))
+    # A chat choice's role chunk goes out with its first generated token, not at admission (vLLM's
+    # order): clients stamp time to first token at the first chunk. A stream that ends before any
+    # token carries no role chunk, only its error event.
+    announced: set[int] = set()
     try:
         async for delta in gen.deltas():
+            if fmt.endpoint == "chat" and delta.index not in announced:
+                announced.add(delta.index)
+                yield sse_event(fmt.role_chunk(delta.index, gen.usage))
             if delta.text:
-                yield sse_event(fmt.text_chunk(delta.index, delta.text))
+                yield sse_event(fmt.text_chunk(delta.index, delta.text, gen.usage))
             if delta.finish_reason is not None:
-                yield sse_event(fmt.finish_chunk(delta.index, delta.finish_reason))
+                yield sse_event(fmt.finish_chunk(delta.index, delta.finish_reason, gen.usage))
     except APIError as e:
         yield sse_event(e.body())
         return

@@ -9,8 +9,9 @@ nothing about routes.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from starlette.requests import Request
@@ -20,6 +21,7 @@ from gateway.config import GatewayConfig
 from gateway.errors import EngineUnavailable
 from gateway.generation import Engine
 from gateway.prompts import Prompts
+from gateway.recent_keys import RecentKeys
 from gateway.tenancy.admission import Admission
 from shared.protocol import Ready, Stats
 
@@ -53,6 +55,10 @@ class GatewayState:
     """Anything with `async ping() -> bool` (the tenancy store's Redis check)."""
     admission: Admission | None = None
     """Quota admission over the same Redis pool; None runs without quotas (unit tests)."""
+    started_at: int = field(default_factory=lambda: int(time.time()))
+    """The model object's `created` (the same on every call, as OpenAI's is)."""
+    recent_keys: RecentKeys = field(default_factory=RecentKeys)
+    """Keys (hashes) verified in the last seconds: the key check before the body skips Redis for them."""
 
     def engine_client(self) -> EngineHandle:
         """The live engine client, or a 503 for this request."""

@@ -75,6 +75,10 @@ class TextTokenizer:
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True, **_: Any) -> str:
         return str(self._tok.decode(list(token_ids), skip_special_tokens=skip_special_tokens))
 
+    def id_to_token(self, token_id: int) -> str:
+        """The vocabulary entry of `token_id` (BPE pieces as stored: "Ġthe")."""
+        return str(self._tok.id_to_token(token_id) or "")
+
     def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
         """The rendered prompt text (special tokens written by the template itself)."""
         if self._template is None:

@@ -160,7 +160,7 @@ def test_revoked_key_is_401(make_gateway: Any) -> None:
         ({"temperature": 3}, "temperature"),
         ({"temperature": "hot"}, "temperature"),
         ({"top_p": 0}, "top_p"),
-        ({"top_k": -1}, "top_k"),
+        ({"top_k": -2}, "top_k"),
         ({"n": 0}, "n"),
         ({"max_tokens": 0}, "max_tokens"),
         ({"max_completion_tokens": -5}, "max_completion_tokens"),
