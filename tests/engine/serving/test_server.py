@@ -56,7 +56,7 @@ class EngineProcess:
         self.log_path = log_path
         self._log = log_path.open("w")
         self.proc = subprocess.Popen(engine_command(listen, *extra), stdout=self._log, stderr=subprocess.STDOUT,
-                                     cwd=Path(__file__).resolve().parents[2], env={**os.environ})
+                                     cwd=Path(__file__).resolve().parents[3], env={**os.environ})
         self.ready = self._wait_ready()
 
     def _wait_ready(self) -> Ready:
