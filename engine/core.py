@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.config import EngineConfig
+from engine.kernel_warmup import warm_up_triton
 from engine.kv_cache import CacheLayout, KVCache
 from engine.model_loader import DTYPES, load_model
 from engine.model_runner import ModelRunner
@@ -29,6 +30,8 @@ from engine.request import Request
 from engine.sampler import Sampler
 from engine.scheduler import Scheduler, SchedulerStats
 from engine.step_stats import CoreCounts
+from kernels.attention_launch import KernelVariant
+from kernels.dispatch import select_backend
 
 
 @dataclass(frozen=True)
@@ -62,8 +65,15 @@ class EngineCore:
             layout.num_cpu_blocks,
             layout.block_size,
         )
-        self.kv_cache = KVCache(layout, config.model.device)
-        self.runner = ModelRunner(loaded.model, self.kv_cache, Sampler(config.seed), config.attention_backend)
+        backend = select_backend(config.attention_backend, config.model.device)  # the one choice
+        self.kv_cache = KVCache(layout, config.model.device, backend.copy_blocks)
+        self.runner = ModelRunner(loaded.model, self.kv_cache, Sampler(config.seed), backend)
+        self.kernel_variants: list[KernelVariant] = []
+        """The Triton variants compiled at start-up (empty on the torch backend)."""
+        if backend.name == "triton":
+            self.kernel_variants = warm_up_triton(
+                self.kv_cache, loaded.shape.num_heads, min(config.scheduler.max_num_batched_tokens, max_model_len)
+            )
         self.model_info = ModelInfo(
             name=loaded.name,
             path=loaded.path,

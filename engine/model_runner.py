@@ -21,10 +21,13 @@ from engine.models.llama import LlamaModel
 from engine.outputs import RunnerOutput, SchedulerOutput
 from engine.sampler import Sampler
 from kernels.cpu_attention import native_decode_available
+from kernels.dispatch import AttentionBackend
 
 
-def make_attention(choice: str, device: torch.device) -> tuple[PagedAttentionOp, bool]:
-    """(attention op, whether it wants the CPU plan) for a backend choice."""
+def make_attention(choice: str | AttentionBackend, device: torch.device) -> tuple[PagedAttentionOp, bool]:
+    """(attention op, whether it wants the CPU plan) for a backend choice or an already selected backend."""
+    if isinstance(choice, AttentionBackend):
+        return (TorchPagedAttention(), True) if choice.name == "torch" else (KernelPagedAttention(choice), False)
     if choice == "torch" or (choice == "auto" and device.type != "cuda"):
         return TorchPagedAttention(), True
     from kernels.dispatch import select_backend  # Triton modules load only when chosen
@@ -34,7 +37,8 @@ def make_attention(choice: str, device: torch.device) -> tuple[PagedAttentionOp,
 
 class ModelRunner:
     def __init__(
-        self, model: LlamaModel, kv_cache: KVCache, sampler: Sampler, attention_backend: str = "auto",
+        self, model: LlamaModel, kv_cache: KVCache, sampler: Sampler,
+        attention_backend: str | AttentionBackend = "auto",
     ) -> None:
         self.model = model
         self.kv_cache = kv_cache

@@ -13,6 +13,7 @@ from engine.layers.attention import KernelPagedAttention
 from engine.llm import LLM, GenerationResult
 from engine.scheduler_config import SchedulerConfig
 from engine.testing import tiny_llama_folder
+from kernels.copy_blocks import copy_blocks
 from shared.sampling import SamplingParams
 
 
@@ -45,6 +46,8 @@ def test_triton_engine_matches_torch_engine(tmp_path) -> None:
     got, llm = generate(folder, "triton", prompts)
     attention = llm.core.runner.attention
     assert isinstance(attention, KernelPagedAttention) and attention.backend.name == "triton"
+    assert llm.core.kv_cache.mover._copy_blocks is copy_blocks  # copy-on-write runs the Triton kernel
+    assert len(llm.core.kernel_variants) == 5  # the start-up warm-up compiled every attention variant
     assert got[2].num_cached_tokens >= 16  # the prefix-cache hit really happened
     assert all(len(r.token_ids) == 5 for r in got)
     assert [r.token_ids for r in got] == [r.token_ids for r in expected]
