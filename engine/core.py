@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.config import EngineConfig
+from engine.decode_graphs import DecodeGraphs, bucket_sizes
 from engine.kernel_warmup import warm_up_triton
 from engine.kv_cache import CacheLayout, KVCache
 from engine.model_loader import DTYPES, load_model
@@ -74,6 +75,10 @@ class EngineCore:
             self.kernel_variants = warm_up_triton(
                 self.kv_cache, loaded.shape.num_heads, min(config.scheduler.max_num_batched_tokens, max_model_len)
             )
+        if backend.name == "triton" and self.kv_cache.device_pool.device.type == "cuda" and not config.enforce_eager:
+            graphs = DecodeGraphs(loaded.model, self.kv_cache.layers, self.runner.attention)
+            graphs.capture(bucket_sizes(config.scheduler.max_num_seqs), max_model_len, layout.block_size)
+            self.runner.decode_graphs = graphs
         self.model_info = ModelInfo(
             name=loaded.name,
             path=loaded.path,

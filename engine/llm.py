@@ -69,9 +69,11 @@ class LLM:
         attention_backend: str = "auto",
         seed: int = 0,
         device: str = "cpu",
+        enforce_eager: bool = False,
     ) -> None:
         """`device`: where the weights and the KV cache live ("cpu", "cuda", "cuda:1"); "auto"
-        attention then picks the Triton kernels on CUDA and the CPU kernels elsewhere."""
+        attention then picks the Triton kernels on CUDA and the CPU kernels elsewhere.
+        `enforce_eager`: no CUDA graphs for decode steps (engine/decode_graphs.py)."""
         cache_args: dict[str, Any] = {"block_size": block_size}
         if kv_cache_memory is not None:
             cache_args["kv_cache_memory"] = kv_cache_memory
@@ -82,6 +84,7 @@ class LLM:
             scheduler=scheduler or SchedulerConfig(),
             attention_backend=attention_backend,
             seed=seed,
+            enforce_eager=enforce_eager,
         )
         self.core = EngineCore(config)
         self._tokenizer: Any = None

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from engine.decode_graphs import DecodeGraphs
 from engine.input_batch import build_step_inputs, order_chunks
 from engine.kv_cache import KVCache
 from engine.layers.attention import KernelPagedAttention, PagedAttentionOp, TorchPagedAttention
@@ -47,6 +48,8 @@ class ModelRunner:
         self.block_size = kv_cache.layout.block_size
         self.attention, self._plan = make_attention(attention_backend, self.device)
         self._native = self._plan and native_decode_available(kv_cache.layout.dtype, self.device)
+        self.decode_graphs: DecodeGraphs | None = None
+        """Recorded decode forwards (CUDA only; EngineCore captures them at start-up)."""
 
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
         self.sampler.forget(out.finished_request_ids)
@@ -57,7 +60,10 @@ class ModelRunner:
             inputs = build_step_inputs(
                 order_chunks(out.chunks), self.block_size, self.device, self._plan, self._native
             )
-            hidden = self.model(inputs.input_ids, inputs.positions, self.kv_cache.layers, inputs.meta, self.attention)
+            hidden = self.decode_graphs.forward(inputs) if self.decode_graphs is not None else None
+            if hidden is None:
+                hidden = self.model(inputs.input_ids, inputs.positions, self.kv_cache.layers, inputs.meta,
+                                    self.attention)
             if not inputs.sampled:
                 return RunnerOutput({})
             logits = self.model.compute_logits(hidden[inputs.logits_indices])  # (N, V) float32
