@@ -138,3 +138,26 @@ def test_no_waits_for_an_empty_step() -> None:
     mover.swap_in([])
     mover.copy_on_write([])
     assert streams.log == []
+
+
+@pytest.mark.gpu
+def test_cuda_mover_pins_the_pool_and_matches_the_reference() -> None:
+    from kernels.block_moves import CudaStreams
+
+    dev, cpu = pools()
+    dev, cpu = dev.cuda(), cpu.pin_memory()
+    mover = select_block_mover(dev, cpu, copy_blocks)
+    assert isinstance(mover._streams, CudaStreams) and cpu.is_pinned()
+    ref_dev, ref_cpu = dev.cpu(), cpu.clone()
+    rng = random.Random(1)
+    for _ in range(12):
+        out, inn, copy = random_step(rng, 8, 6)
+        mover.begin_step()
+        mover.swap_out(out)
+        mover.swap_in(inn)
+        mover.copy_on_write(copy)
+        dev.add_(0.0)  # a compute-stream op after the moves: ordered behind them by the events
+        reference_step(ref_dev, ref_cpu, out, inn, copy)
+    mover.synchronize()
+    torch.cuda.synchronize()
+    assert torch.equal(dev.cpu(), ref_dev) and torch.equal(cpu, ref_cpu)
