@@ -61,7 +61,8 @@ def gpu_tests(interpret: bool) -> bool:
         return True
     env = {**os.environ, "TRITON_INTERPRET": "0"}
     cmd = [sys.executable, "-m", "pytest", "tests/kernels", "-m", "gpu", "-q", "-x", "-p", "no:cacheprovider"]
-    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    root = Path(__file__).resolve().parents[2]  # the repository: tests/ lives there
+    result = subprocess.run(cmd, env=env, cwd=root, capture_output=True, text=True, timeout=300)
     print("  " + "\n  ".join(result.stdout.strip().splitlines()[-3:]))
     return result.returncode == 0
 
