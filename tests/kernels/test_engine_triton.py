@@ -7,6 +7,8 @@ hit (two prompts share two full blocks): greedy tokens must be identical.
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from engine.layers.attention import KernelPagedAttention
@@ -31,7 +33,8 @@ def generate(folder: str, backend: str, prompts: list[list[int]]) -> tuple[list[
     return llm.generate(prompts, params, detokenize=False), llm
 
 
-def test_triton_engine_matches_torch_engine(tmp_path) -> None:
+def test_triton_engine_matches_torch_engine(tmp_path, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="pageserve.engine")
     folder = str(
         tiny_llama_folder(tmp_path / "tiny", num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=1)
     )
@@ -48,6 +51,8 @@ def test_triton_engine_matches_torch_engine(tmp_path) -> None:
     assert isinstance(attention, KernelPagedAttention) and attention.backend.name == "triton"
     assert llm.core.kv_cache.mover._copy_blocks is copy_blocks  # copy-on-write runs the Triton kernel
     assert len(llm.core.kernel_variants) == 5  # the start-up warm-up compiled every attention variant
+    assert "triton warm-up: 5 paged-attention variants" in caplog.text  # and printed them at start
+    assert all(v.describe() in caplog.text for v in llm.core.kernel_variants)
     assert got[2].num_cached_tokens >= 16  # the prefix-cache hit really happened
     assert all(len(r.token_ids) == 5 for r in got)
     assert [r.token_ids for r in got] == [r.token_ids for r in expected]
