@@ -85,6 +85,8 @@ class EngineConfig:
     """"torch" (pageserve_kernels/cpu_attention.py), "triton" (pageserve_kernels/, needs CUDA), or "auto" by device."""
     seed: int = 0
     """Seeds the generators of requests that give no seed of their own."""
+    enforce_eager: bool = False
+    """On CUDA, run decode steps eagerly instead of replaying CUDA graphs (engine/worker/decode_graphs.py)."""
 
     def __post_init__(self) -> None:
         if self.attention_backend not in BACKENDS:

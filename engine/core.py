@@ -21,14 +21,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.config import EngineConfig
+from engine.outputs import RequestDelta
+from engine.request import Request
+from engine.scheduling.scheduler import Scheduler, SchedulerStats
+from engine.serving.step_stats import CoreCounts
+from engine.worker.decode_graphs import DecodeGraphs, bucket_sizes
+from engine.worker.kernel_warmup import warm_up_triton
 from engine.worker.kv_cache import CacheLayout, KVCache
 from engine.worker.model_loader import DTYPES, load_model
 from engine.worker.model_runner import ModelRunner
-from engine.outputs import RequestDelta
-from engine.request import Request
 from engine.worker.sampler import Sampler
-from engine.scheduling.scheduler import Scheduler, SchedulerStats
-from engine.serving.step_stats import CoreCounts
+from pageserve_kernels.attention_launch import KernelVariant
+from pageserve_kernels.dispatch import select_backend
 
 
 @dataclass(frozen=True)
@@ -62,8 +66,19 @@ class EngineCore:
             layout.num_cpu_blocks,
             layout.block_size,
         )
-        self.kv_cache = KVCache(layout, config.model.device)
-        self.runner = ModelRunner(loaded.model, self.kv_cache, Sampler(config.seed), config.attention_backend)
+        backend = select_backend(config.attention_backend, config.model.device)  # the one choice
+        self.kv_cache = KVCache(layout, config.model.device, backend.copy_blocks)
+        self.runner = ModelRunner(loaded.model, self.kv_cache, Sampler(config.seed), backend)
+        self.kernel_variants: list[KernelVariant] = []
+        """The Triton variants compiled at start-up (empty on the torch backend)."""
+        if backend.name == "triton":
+            self.kernel_variants = warm_up_triton(
+                self.kv_cache, loaded.shape.num_heads, min(config.scheduler.max_num_batched_tokens, max_model_len)
+            )
+        if backend.name == "triton" and self.kv_cache.device_pool.device.type == "cuda" and not config.enforce_eager:
+            graphs = DecodeGraphs(loaded.model, self.kv_cache.layers, self.runner.attention)
+            graphs.capture(bucket_sizes(config.scheduler.max_num_seqs), max_model_len, layout.block_size)
+            self.runner.decode_graphs = graphs
         self.model_info = ModelInfo(
             name=loaded.name,
             path=loaded.path,

@@ -1,6 +1,6 @@
 """The offline API: `LLM(model=...).generate(prompts, params)`, in-process, no server.
 
-    llm = LLM(model="smollm2", dtype="float32")
+    llm = LLM(model="smollm2", dtype="float32")          # device="cuda" for a GPU
     results = llm.generate(["Hello", [1, 2, 3]], SamplingParams(max_tokens=32, temperature=0))
     results[0].text, results[0].token_ids, results[0].finish_reason
 
@@ -68,16 +68,23 @@ class LLM:
         scheduler: SchedulerConfig | None = None,
         attention_backend: str = "auto",
         seed: int = 0,
+        device: str = "cpu",
+        enforce_eager: bool = False,
     ) -> None:
+        """`device`: where the weights and the KV cache live ("cpu", "cuda", "cuda:1"); "auto"
+        attention then picks the Triton kernels on CUDA and the CPU kernels elsewhere.
+        `enforce_eager`: no CUDA graphs for decode steps (engine/worker/decode_graphs.py)."""
         cache_args: dict[str, Any] = {"block_size": block_size}
         if kv_cache_memory is not None:
             cache_args["kv_cache_memory"] = kv_cache_memory
         config = EngineConfig(
-            model=ModelConfig(model=model, dtype=dtype, max_model_len=max_model_len),  # type: ignore[arg-type]
+            model=ModelConfig(model=model, dtype=dtype, max_model_len=max_model_len,  # type: ignore[arg-type]
+                              device=device),
             cache=CacheConfig(num_device_blocks=num_device_blocks, num_cpu_blocks=num_cpu_blocks, **cache_args),
             scheduler=scheduler or SchedulerConfig(),
             attention_backend=attention_backend,
             seed=seed,
+            enforce_eager=enforce_eager,
         )
         self.core = EngineCore(config)
         self._tokenizer: Any = None

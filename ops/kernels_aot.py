@@ -40,7 +40,7 @@ DTYPE = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
 def attention_variant(dtype: str, hd: int, group: int, one_q: bool, splits: int, bs: int = 16) -> Variant:
     import torch
 
-    from pageserve_kernels.attention_launch import plan_launch
+    from pageserve_kernels.attention_launch import attention_constexprs, plan_launch
 
     t = DTYPE[dtype]
     max_q = 1 if one_q else 200
@@ -55,31 +55,22 @@ def attention_variant(dtype: str, hd: int, group: int, one_q: bool, splits: int,
             **{n: "*i32" for n in ("block_tables_ptr", "query_start_loc_ptr", "seq_lens_ptr")},
         },
         float_args=("qk_scale",),
-        constexprs={
-            "HEAD_DIM": hd,
-            "HEAD_DIM_P": max(16, 1 << (hd - 1).bit_length()),
-            "GROUP": group,
-            "BLOCK_M": plan.block_m,
-            "BLOCK_Q": plan.block_q,
-            "BLOCK_SIZE": bs,
-            "TILE_N": plan.tile_n,
-            "NUM_SPLITS": splits,
-            "ONE_Q_BLOCK": plan.one_q_block,
-            "UPCAST": False,
-        },  # fmt: skip
+        constexprs=attention_constexprs(plan, group, 1, hd, bs, upcast=False),
         num_warps=plan.num_warps,
         wants_async_kv=dtype != "float32" and hd % 16 == 0,
     )
 
 
 def other_variants(dtype: str) -> list[Variant]:
+    from pageserve_kernels.merge_splits import merge_constexprs
+
     t = DTYPE[dtype]
     return [
         Variant(
             f"merge_splits {dtype}",
             "pageserve_kernels.merge_splits:_merge_splits_kernel",
             {"out_ptr": f"*{t}", "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32"},
-            {"HEAD_DIM": 128, "HEAD_DIM_P": 128, "NUM_SPLITS": 7, "SPLITS_P": 8, "EXACT_BF16": False},
+            merge_constexprs(128, exact=False),
         ),
         Variant(
             f"write_kv {dtype}",
@@ -111,11 +102,13 @@ def variants(quick: bool) -> list[Variant]:
         ]
     out = []
     for dtype in DTYPE:
-        for hd in (64, 128, 80):
+        for hd in (64, 128, 80, 256):
             for group in (1, 4, 7):
                 out.append(attention_variant(dtype, hd, group, True, 1))
                 out.append(attention_variant(dtype, hd, group, True, 8))
                 out.append(attention_variant(dtype, hd, group, False, 1))
+        out.append(attention_variant(dtype, 128, 4, True, 8, bs=32))
+        out.append(attention_variant(dtype, 64, 3, False, 1, bs=32))
         out.extend(other_variants(dtype))
     return out
 
@@ -143,7 +136,11 @@ def compile_variant(v: Variant, arch: int) -> Compiled:
             signature[arg] = v.ptr_types[arg]
         else:
             signature[arg] = "fp32" if arg in v.float_args else "i32"
-    aligned = [a for a in fn.arg_names if a in v.ptr_types or a.startswith("stride_")]
+    # A real launch proves 16-byte alignment of pointers and fixed strides; the runtime values the
+    # kernel marks do_not_specialize (batch size, split count, table width) get no such hint.
+    loose = set(getattr(fn, "do_not_specialize", ()))
+    loose |= {fn.arg_names[i] for i in loose if isinstance(i, int)}
+    aligned = [a for a in fn.arg_names if (a in v.ptr_types or a.startswith("stride_")) and a not in loose]
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}
     src = ASTSource(fn, signature, v.constexprs, attrs)
     options = {"num_warps": v.num_warps, "num_stages": v.num_stages}

@@ -13,7 +13,9 @@
     merge_splits.py     Triton: reduces paged attention's split-K partial results
     write_kv.py         Triton: new keys/values into their cache slots
     copy_blocks.py      Triton: copy-on-write block copies, every layer in one launch
-    swap_blocks.py      PyTorch: device <-> CPU pool swaps, one transfer per step
+    block_moves.py      the engine's one path for KV block moves: copy-on-write (the backend's
+                        copy_blocks), swaps with a pinned pool on a side stream on GPUs
+    warmup.py           every Triton variant an engine can request, compiled at start-up
     dispatch.py         select_backend("auto" | "torch" | "triton", device) -> AttentionBackend
 
 Importing this package imports no Triton module: the CPU engine never needs one. Nothing here imports

@@ -33,8 +33,10 @@ def interpreting() -> bool:
 
 
 def check_device(name: str, t: torch.Tensor) -> None:
-    """Compiled kernels need CUDA tensors; the interpreter runs on CPU tensors."""
+    """Compiled kernels need CUDA tensors; the interpreter runs on CPU tensors (never CUDA ones)."""
     if t.device.type == "cuda":
+        if interpreting():
+            raise KernelArgError(name, "on a CUDA device with TRITON_INTERPRET=1: unset it to run compiled")
         return
     if not interpreting():
         raise KernelArgError(name, f"on {t.device}; Triton kernels need CUDA tensors or TRITON_INTERPRET=1")

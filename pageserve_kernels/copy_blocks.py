@@ -18,7 +18,14 @@ import torch
 import triton
 import triton.language as tl
 
-from pageserve_kernels.checks import FLOAT_DTYPES, KernelArgError, check_device, check_dim, check_dtype, check_int_index
+from pageserve_kernels.checks import (
+    FLOAT_DTYPES,
+    KernelArgError,
+    check_device,
+    check_dim,
+    check_dtype,
+    check_int_index,
+)
 
 TILE = 1024
 _ADDRESS_TABLES: dict[tuple[torch.device, tuple[int, ...]], torch.Tensor] = {}

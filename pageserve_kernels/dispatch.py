@@ -1,4 +1,4 @@
-"""The attention backend: which implementation of the four KV-cache ops the engine uses.
+"""The attention backend: which implementation of the three KV-cache kernels the engine uses.
 
 Chosen once at engine start by `select_backend(choice, device)`:
 
@@ -6,13 +6,16 @@ Chosen once at engine start by `select_backend(choice, device)`:
     "auto"   cuda     triton   (pageserve_kernels/paged_attention.py, write_kv.py, copy_blocks.py)
     "auto"   cpu      torch    (pageserve_kernels/cpu_attention.py, the fast PyTorch path)
     "triton" cpu      triton   only under TRITON_INTERPRET=1 (tests); a clear error otherwise
+    "triton" cuda     triton   compiled; TRITON_INTERPRET=1 here is refused (it would silently
+                               run every kernel in the Python interpreter)
     "torch"  any      torch
 
 Every backend has the same call signatures, those of pageserve_kernels/reference.py, with
 two extensions: paged_attention takes optional keyword hints `max_query_len` and
 `max_seq_len` (host ints that spare the Triton launcher a device sync; the torch
-path ignores them), and swap_blocks moves every layer at once (lists of caches).
-The Triton modules are imported only when chosen, so the CPU engine never
+path ignores them), and copy_blocks copies in every layer at once (a list of
+caches). The engine reaches copy_blocks through pageserve_kernels/block_moves.py, which
+also owns the swaps. The Triton modules are imported only when chosen, so the CPU engine never
 compiles or imports a kernel. This file knows nothing about models or scheduling.
 """
 
@@ -27,7 +30,6 @@ import torch
 
 from pageserve_kernels import reference
 from pageserve_kernels.checks import interpreting
-from pageserve_kernels.swap_blocks import swap_blocks
 
 BackendChoice = Literal["auto", "torch", "triton"]
 BACKEND_CHOICES: tuple[str, ...] = ("auto", "torch", "triton")
@@ -55,7 +57,6 @@ class PagedAttentionFn(Protocol):
 
 WriteKVFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
 CopyBlocksFn = Callable[[list[torch.Tensor], torch.Tensor], None]
-SwapBlocksFn = Callable[[list[torch.Tensor], list[torch.Tensor], torch.Tensor], None]
 
 
 @dataclass(frozen=True)
@@ -65,8 +66,6 @@ class AttentionBackend:
     write_kv: WriteKVFn
     copy_blocks: CopyBlocksFn
     """caches (K and V of every layer), (N, 2) src -> dst device block pairs."""
-    swap_blocks: SwapBlocksFn
-    """src caches, dst caches (the other pool, same layer order), (N, 2) block pairs."""
 
 
 def select_backend(choice: str = "auto", device: torch.device | str = "cpu") -> AttentionBackend:
@@ -76,6 +75,11 @@ def select_backend(choice: str = "auto", device: torch.device | str = "cpu") -> 
     device = torch.device(device)
     if choice == "torch" or (choice == "auto" and device.type != "cuda"):
         return _torch_backend()
+    if device.type == "cuda" and interpreting():
+        raise BackendError(
+            "TRITON_INTERPRET=1 is set but the KV cache is on a CUDA device: the kernels would run "
+            "in the Python interpreter; unset TRITON_INTERPRET (or set it to 0) to compile them"
+        )
     if device.type != "cuda" and not interpreting():
         raise BackendError(
             f"the triton backend needs a CUDA device (KV cache on {device}); "
@@ -103,7 +107,7 @@ def _torch_backend() -> AttentionBackend:
     ) -> torch.Tensor:
         return paged(query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, scale)
 
-    return AttentionBackend("torch", paged_attention, write, copy_blocks_torch, swap_blocks)
+    return AttentionBackend("torch", paged_attention, write, copy_blocks_torch)
 
 
 def _cpu_attention_module() -> object | None:
@@ -129,7 +133,7 @@ def _triton_backend() -> AttentionBackend:
         if not all(isinstance(k, InterpretedFunction) for k in kernels):
             # Triton reads TRITON_INTERPRET when a kernel is decorated, at import.
             raise BackendError("TRITON_INTERPRET=1 was set after the kernel modules were imported")
-    return AttentionBackend("triton", paged_attention, write_kv, copy_blocks, swap_blocks)
+    return AttentionBackend("triton", paged_attention, write_kv, copy_blocks)
 
 
 def copy_blocks_torch(

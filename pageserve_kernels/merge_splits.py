@@ -1,6 +1,6 @@
 """Merge the split-K partial results of paged attention into the final output.
 
-Each of the NUM_SPLITS parts of a (token, head) row holds its softmax-normalised
+Each of the num_splits parts of a (token, head) row holds its softmax-normalised
 output o_s and the base-2 log-sum-exp of its scores lse_s (-inf for a part that
 saw no visible key). The exact result is
 
@@ -19,44 +19,65 @@ import triton.language as tl
 from pageserve_kernels.bf16 import store_cast
 from pageserve_kernels.checks import KernelArgError, check_device, check_dim, exact_bf16, next_pow2
 
+SPLIT_TILE = 16
+"""Parts read per iteration; the split count itself is a runtime value (no binary per count)."""
+MERGE_DO_NOT_SPECIALIZE = ("num_splits",)
 
-@triton.jit
+
+@triton.jit(do_not_specialize=MERGE_DO_NOT_SPECIALIZE)
 def _merge_splits_kernel(
     out_ptr,  # (T, n_q, hd)
-    part_out_ptr,  # (T, n_q, NUM_SPLITS, HEAD_DIM) float32, contiguous
-    part_lse_ptr,  # (T, n_q, NUM_SPLITS) float32, contiguous
+    part_out_ptr,  # (T, n_q, num_splits, HEAD_DIM) float32, contiguous
+    part_lse_ptr,  # (T, n_q, num_splits) float32, contiguous
     stride_ot,
     stride_oh,
     n_q_heads,
+    num_splits,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_P: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
-    SPLITS_P: tl.constexpr,
+    SPLIT_TILE: tl.constexpr,
     EXACT_BF16: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     row = token * n_q_heads + head
-    s = tl.arange(0, SPLITS_P)
-    s_ok = s < NUM_SPLITS
     d = tl.arange(0, HEAD_DIM_P)
     d_ok = d < HEAD_DIM
-    lse = tl.load(part_lse_ptr + row * NUM_SPLITS + s, mask=s_ok, other=float("-inf"))  # (SPLITS_P,)
-    m = tl.max(lse, 0)
+    s_tile = tl.arange(0, SPLIT_TILE)
+    # Pass 1: the largest part log-sum-exp, so every weight below is <= 1.
+    m = tl.full([], float("-inf"), tl.float32)
+    for s0 in range(0, num_splits, SPLIT_TILE):
+        s = s0 + s_tile
+        lse = tl.load(part_lse_ptr + row * num_splits + s, mask=s < num_splits, other=float("-inf"))
+        m = tl.maximum(m, tl.max(lse, 0))
     m = tl.where(m == float("-inf"), 0.0, m)
-    w = tl.math.exp2(lse - m)  # 0 for empty and padding parts
-    parts = tl.load(
-        part_out_ptr + (row * NUM_SPLITS + s)[:, None] * HEAD_DIM + d[None, :],
-        mask=s_ok[:, None] & d_ok[None, :],
-        other=0.0,
-    )  # (SPLITS_P, HEAD_DIM_P)
-    denom = tl.sum(w, 0)
-    res = tl.sum(parts * w[:, None], 0) / tl.where(denom > 0.0, denom, 1.0)
+    # Pass 2: weighted sum of the parts.
+    acc = tl.zeros([HEAD_DIM_P], tl.float32)
+    denom = tl.full([], 0.0, tl.float32)
+    for s0 in range(0, num_splits, SPLIT_TILE):
+        s = s0 + s_tile
+        s_ok = s < num_splits
+        lse = tl.load(part_lse_ptr + row * num_splits + s, mask=s_ok, other=float("-inf"))
+        w = tl.math.exp2(lse - m)  # 0 for empty and padding parts
+        parts = tl.load(
+            part_out_ptr + (row * num_splits + s)[:, None] * HEAD_DIM + d[None, :],
+            mask=s_ok[:, None] & d_ok[None, :],
+            other=0.0,
+        )  # (SPLIT_TILE, HEAD_DIM_P)
+        acc += tl.sum(parts * w[:, None], 0)
+        denom += tl.sum(w, 0)
+    res = acc / tl.where(denom > 0.0, denom, 1.0)
     tl.store(
         out_ptr + token * stride_ot + head * stride_oh + d,
         store_cast(res, out_ptr.dtype.element_ty, EXACT_BF16),
         mask=d_ok,
     )
+
+
+def merge_constexprs(head_dim: int, exact: bool) -> dict[str, int | bool]:
+    """merge_splits' compile-time constants: one binary per head size and dtype."""
+    return {"HEAD_DIM": head_dim, "HEAD_DIM_P": max(16, next_pow2(head_dim)), "SPLIT_TILE": SPLIT_TILE,
+            "EXACT_BF16": exact}
 
 
 def merge_splits(
@@ -78,9 +99,7 @@ def merge_splits(
     if num_tokens == 0:
         return out
     _merge_splits_kernel[(num_tokens, n_q)](
-        out, part_out, part_lse, out.stride(0), out.stride(1), n_q,
-        HEAD_DIM=head_dim, HEAD_DIM_P=max(16, next_pow2(head_dim)),
-        NUM_SPLITS=num_splits, SPLITS_P=max(2, next_pow2(num_splits)),
-        EXACT_BF16=exact_bf16(out.dtype),
+        out, part_out, part_lse, out.stride(0), out.stride(1), n_q, num_splits,
+        **merge_constexprs(head_dim, exact_bf16(out.dtype)),
     )  # fmt: skip
     return out

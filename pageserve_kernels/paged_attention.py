@@ -19,7 +19,8 @@ blocks), with an online softmax in float32.
 
 Split-K. A decode batch of a few long requests has few (request, KV head) pairs,
 too few programs to fill a GPU; a third grid axis cuts the KV range into
-NUM_SPLITS contiguous parts. Each part writes its normalised partial output and
+num_splits contiguous parts (a runtime value: a new split count never compiles
+a new binary; only SPLIT_K, whether there is more than one, is a constexpr). Each part writes its normalised partial output and
 log-sum-exp (base 2) to a float32 scratch, and `merge_splits` reduces them.
 
 Query blocks to programs. Request b's query blocks start at program
@@ -35,7 +36,12 @@ import torch
 import triton
 import triton.language as tl
 
-from pageserve_kernels.attention_launch import plan_launch
+from pageserve_kernels.attention_launch import (
+    ATTENTION_DO_NOT_SPECIALIZE,
+    attention_constexprs,
+    attention_int_args,
+    plan_launch,
+)
 from pageserve_kernels.bf16 import store_cast
 from pageserve_kernels.checks import (
     FLOAT_DTYPES,
@@ -45,7 +51,6 @@ from pageserve_kernels.checks import (
     check_dtype,
     check_int_index,
     check_last_contiguous,
-    next_pow2,
     upcast_dots,
 )
 from pageserve_kernels.merge_splits import merge_splits
@@ -134,11 +139,11 @@ def _attend_tiles(
     return acc, l_i, m_i
 
 
-@triton.jit
+@triton.jit(do_not_specialize=ATTENTION_DO_NOT_SPECIALIZE)
 def _paged_attention_kernel(
-    out_ptr,  # (T, n_q, hd), written when NUM_SPLITS == 1
-    part_out_ptr,  # (T, n_q, NUM_SPLITS, HEAD_DIM) float32, written when NUM_SPLITS > 1
-    part_lse_ptr,  # (T, n_q, NUM_SPLITS) float32, log2-sum-exp2 of each part
+    out_ptr,  # (T, n_q, hd), written when not SPLIT_K
+    part_out_ptr,  # (T, n_q, num_splits, HEAD_DIM) float32, written when SPLIT_K
+    part_lse_ptr,  # (T, n_q, num_splits) float32, log2-sum-exp2 of each part
     q_ptr,  # (T, n_q, hd)
     k_cache_ptr,  # (num_blocks, block_size, n_kv, hd)
     v_cache_ptr,
@@ -147,6 +152,7 @@ def _paged_attention_kernel(
     seq_lens_ptr,  # (B,)
     qk_scale,  # softmax scale * log2(e): the kernel works in base 2
     num_seqs,
+    num_splits,  # runtime: any value in [1, MAX_SPLITS] uses the same binary
     stride_qt,
     stride_qh,
     stride_ot,
@@ -166,7 +172,7 @@ def _paged_attention_kernel(
     BLOCK_Q: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     TILE_N: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
+    SPLIT_K: tl.constexpr,  # num_splits > 1: write partial results for merge_splits
     ONE_Q_BLOCK: tl.constexpr,
     UPCAST: tl.constexpr,  # interpreting bf16: widen dot operands, round stores by hand
 ):
@@ -201,7 +207,7 @@ def _paged_attention_kernel(
     # Causality bounds the keys this query block can see; the split takes its share.
     kv_len = ctx_len + tl.minimum((q_block + 1) * BLOCK_Q, q_len)
     n_tiles = tl.cdiv(kv_len, TILE_N)
-    tiles_per_split = tl.cdiv(n_tiles, NUM_SPLITS)
+    tiles_per_split = tl.cdiv(n_tiles, num_splits)
     tile_lo = split * tiles_per_split
     tile_hi = tl.minimum(tile_lo + tiles_per_split, n_tiles)
     table = block_tables_ptr + seq.to(tl.int64) * stride_bt
@@ -213,13 +219,13 @@ def _paged_attention_kernel(
 
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
     res = acc / l_safe[:, None]
-    if NUM_SPLITS == 1:
+    if not SPLIT_K:
         o_ptrs = out_ptr + q_rows[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
         tl.store(
             o_ptrs, store_cast(res, out_ptr.dtype.element_ty, UPCAST), mask=row_ok[:, None] & d_ok[None, :]
         )
     else:
-        part_row = (q_rows * n_q_heads + head) * NUM_SPLITS + split  # (BLOCK_M,)
+        part_row = (q_rows * n_q_heads + head) * num_splits + split  # (BLOCK_M,)
         tl.store(
             part_out_ptr + part_row[:, None] * HEAD_DIM + d[None, :],
             res,
@@ -316,24 +322,18 @@ def paged_attention(
         num_splits=num_splits, tile_n=tile_n, num_warps=num_warps,
     )  # fmt: skip
     num_splits = plan.num_splits
-    part_out = part_lse = out  # placeholders the kernel never touches when NUM_SPLITS == 1
+    part_out = part_lse = out  # placeholders the kernel never touches without SPLIT_K
     if num_splits > 1:
         part_out = torch.empty(
             num_tokens, n_q, num_splits, head_dim, dtype=torch.float32, device=query.device
         )
         part_lse = torch.empty(num_tokens, n_q, num_splits, dtype=torch.float32, device=query.device)
+    consts = attention_constexprs(plan, n_q, n_kv, head_dim, block_size, upcast_dots(query.dtype))
+    ints = attention_int_args(query, out, key_cache, value_cache, block_tables, num_splits)
     _paged_attention_kernel[(plan.grid0, n_kv, num_splits)](
         out, part_out, part_lse, query, key_cache, value_cache,
-        block_tables, query_start_loc, seq_lens,
-        scale * LOG2E, batch,
-        query.stride(0), query.stride(1), out.stride(0), out.stride(1),
-        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
-        value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
-        block_tables.stride(0), n_q,
-        HEAD_DIM=head_dim, HEAD_DIM_P=max(16, next_pow2(head_dim)), GROUP=n_q // n_kv,
-        BLOCK_M=plan.block_m, BLOCK_Q=plan.block_q, BLOCK_SIZE=block_size, TILE_N=plan.tile_n,
-        NUM_SPLITS=num_splits, ONE_Q_BLOCK=plan.one_q_block, UPCAST=upcast_dots(query.dtype),
-        num_warps=plan.num_warps, num_stages=num_stages,
+        block_tables, query_start_loc, seq_lens, scale * LOG2E,
+        **ints, **consts, num_warps=plan.num_warps, num_stages=num_stages,
     )  # fmt: skip
     if num_splits > 1:
         merge_splits(part_out, part_lse, out)

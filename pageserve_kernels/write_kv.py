@@ -26,8 +26,12 @@ from pageserve_kernels.checks import (
     next_pow2,
 )
 
+# The engine passes K and V as views of its fused QKV rows, the warm-up dense tensors: token
+# strides differ between them but are read once per program, so they get no specialisation.
+WRITE_KV_DO_NOT_SPECIALIZE = ("stride_kt", "stride_vt")
 
-@triton.jit
+
+@triton.jit(do_not_specialize=WRITE_KV_DO_NOT_SPECIALIZE)
 def _write_kv_kernel(
     key_ptr,  # (T, n_kv, hd)
     value_ptr,

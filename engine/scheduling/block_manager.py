@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.scheduling.block_pool import BlockHash, BlockPool, KVBlock, hash_block
 from engine.request import Request
+from engine.scheduling.block_pool import BlockHash, BlockPool, KVBlock, hash_block
 
 BlockPairs = list[tuple[int, int]]
 

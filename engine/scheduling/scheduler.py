@@ -31,16 +31,16 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from engine.scheduling.block_manager import BlockManager, BlockPairs
-from engine.scheduling.fair_queue import FairQueue, aged_level
 from engine.outputs import RequestDelta, RunnerOutput, SchedulerOutput
-from engine.scheduling.preemption import pick_victim, plan_room, preempt_kind, victim_order
 from engine.request import Request, RequestStatus
-from engine.scheduling.request_checks import RequestRejected, validate_request
-from engine.scheduling.sample_group import SampleGroup, SampleState, make_delta, sample_ids, split_samples
+from engine.scheduling.block_manager import BlockManager, BlockPairs
 from engine.scheduling.checks import Placement, check_placement
 from engine.scheduling.config import SchedulerConfig, SchedulerStats
 from engine.scheduling.counters import Counters
+from engine.scheduling.fair_queue import FairQueue, aged_level
+from engine.scheduling.preemption import pick_victim, plan_room, preempt_kind, victim_order
+from engine.scheduling.request_checks import RequestRejected, validate_request
+from engine.scheduling.sample_group import SampleGroup, SampleState, make_delta, sample_ids, split_samples
 from engine.scheduling.step_builder import StepBuilder
 from engine.scheduling.stop_conditions import finish_status
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.scheduling.block_manager import BlockPairs
 from engine.outputs import ScheduledChunk, SchedulerOutput
 from engine.request import Request
+from engine.scheduling.block_manager import BlockPairs
 
 
 @dataclass

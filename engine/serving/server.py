@@ -39,9 +39,9 @@ from typing import Protocol
 
 import zmq
 
-from engine.serving.inflight import InFlightTable
 from engine.outputs import RequestDelta
 from engine.request import Request
+from engine.serving.inflight import InFlightTable
 from engine.serving.step_stats import CoreCounts, StepStats
 from shared.protocol import (
     PROTOCOL_VERSION,

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.worker.layers.attention import AttentionMetadata
 from engine.outputs import ScheduledChunk
+from engine.worker.layers.attention import AttentionMetadata
 from pageserve_kernels.cpu_attention import compute_slot_mapping, plan_attention
 
 

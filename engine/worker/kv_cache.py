@@ -7,7 +7,10 @@ One tensor per pool holds every layer, K and V:
            the layout of pageserve_kernels/reference.py)
 
 so moving blocks is one gather and one scatter per step for all layers at once:
-a swap out, swap in or copy never loops over blocks or layers in Python.
+a swap out, swap in or copy never loops over blocks or layers in Python. The
+moves go through pageserve_kernels/block_moves.py (the one path on every device: the
+attention backend's copy_blocks for copy-on-write; on a GPU, swaps on a side
+stream to a pinned CPU pool).
 The block count comes from a memory budget (`CacheLayout.from_budget`); it is a
 start-up value kept here, never written back into the config. This module
 knows which bytes live where, nothing about which request owns them.
@@ -21,6 +24,8 @@ import torch
 
 from engine.config import CacheConfig, ConfigError
 from engine.worker.models.llama import LlamaShape
+from pageserve_kernels.block_moves import CopyBlocksFn, select_block_mover
+from pageserve_kernels.dispatch import copy_blocks_torch
 
 
 @dataclass(frozen=True)
@@ -52,18 +57,26 @@ class CacheLayout:
 
 
 class KVCache:
-    def __init__(self, layout: CacheLayout, device: torch.device | str = "cpu") -> None:
+    def __init__(
+        self, layout: CacheLayout, device: torch.device | str = "cpu", copy_blocks: CopyBlocksFn = copy_blocks_torch
+    ) -> None:
+        """`copy_blocks`: the attention backend's (pageserve_kernels.dispatch.AttentionBackend.copy_blocks)."""
         self.layout = layout
         block = (layout.block_size, layout.num_kv_heads, layout.head_dim)
         # Zero-filled, not empty: padded decode slots are masked, and 0 * garbage-NaN would still poison.
         self.device_pool = torch.zeros(
             layout.num_layers, 2, layout.num_device_blocks, *block, dtype=layout.dtype, device=device
         )
-        self.cpu_pool = torch.zeros(layout.num_layers, 2, layout.num_cpu_blocks, *block, dtype=layout.dtype)
+        # Pinned when the device pool is on a GPU: swaps are then asynchronous DMA transfers.
+        pin = self.device_pool.device.type == "cuda"
+        self.cpu_pool = torch.zeros(
+            layout.num_layers, 2, layout.num_cpu_blocks, *block, dtype=layout.dtype, pin_memory=pin
+        )
         self.layers: list[tuple[torch.Tensor, torch.Tensor]] = [
             (self.device_pool[i, 0], self.device_pool[i, 1]) for i in range(layout.num_layers)
         ]
         """Per layer (K cache, V cache), each (num_device_blocks, block_size, n_kv, hd)."""
+        self.mover = select_block_mover(self.device_pool, self.cpu_pool, copy_blocks)
 
     def move_blocks(
         self,
@@ -73,28 +86,15 @@ class KVCache:
     ) -> None:
         """Swap out (device -> cpu), swap in (cpu -> device), then copy (device -> device).
 
-        Both swaps read before either writes, so a block freed by one direction may be
-        reused by the other in the same step.
+        Every source is read before any destination is written, so a block freed by one
+        direction may be reused by the other in the same step. A swap-out reaches the CPU
+        pool by the next step's move_blocks (or `synchronize`).
         """
-        out_data = self._read(self.device_pool, [s for s, _ in swap_out])
-        in_data = self._read(self.cpu_pool, [s for s, _ in swap_in])
-        if out_data is not None:
-            self._write(self.cpu_pool, [d for _, d in swap_out], out_data)
-        if in_data is not None:
-            self._write(self.device_pool, [d for _, d in swap_in], in_data)
-        if copy:
-            data = self._read(self.device_pool, [s for s, _ in copy])
-            assert data is not None
-            self._write(self.device_pool, [d for _, d in copy], data)
+        self.mover.begin_step()
+        self.mover.swap_out(swap_out)
+        self.mover.swap_in(swap_in)
+        self.mover.copy_on_write(copy)
 
-    @staticmethod
-    def _read(pool: torch.Tensor, blocks: list[int]) -> torch.Tensor | None:
-        if not blocks:
-            return None
-        index = torch.tensor(blocks, dtype=torch.int64, device=pool.device)
-        return pool.index_select(2, index)  # (L, 2, N, block_size, n_kv, hd)
-
-    @staticmethod
-    def _write(pool: torch.Tensor, blocks: list[int], data: torch.Tensor) -> None:
-        index = torch.tensor(blocks, dtype=torch.int64, device=pool.device)
-        pool.index_copy_(2, index, data.to(pool.device))
+    def synchronize(self) -> None:
+        """Every move so far is complete in both pools (tests, and before reading the CPU pool)."""
+        self.mover.synchronize()

@@ -14,17 +14,21 @@ from __future__ import annotations
 
 import torch
 
+from engine.outputs import RunnerOutput, SchedulerOutput
+from engine.worker.decode_graphs import DecodeGraphs
 from engine.worker.input_batch import build_step_inputs, order_chunks
 from engine.worker.kv_cache import KVCache
 from engine.worker.layers.attention import KernelPagedAttention, PagedAttentionOp, TorchPagedAttention
 from engine.worker.models.llama import LlamaModel
-from engine.outputs import RunnerOutput, SchedulerOutput
 from engine.worker.sampler import Sampler
 from pageserve_kernels.cpu_attention import native_decode_available
+from pageserve_kernels.dispatch import AttentionBackend
 
 
-def make_attention(choice: str, device: torch.device) -> tuple[PagedAttentionOp, bool]:
-    """(attention op, whether it wants the CPU plan) for a backend choice."""
+def make_attention(choice: str | AttentionBackend, device: torch.device) -> tuple[PagedAttentionOp, bool]:
+    """(attention op, whether it wants the CPU plan) for a backend choice or an already selected backend."""
+    if isinstance(choice, AttentionBackend):
+        return (TorchPagedAttention(), True) if choice.name == "torch" else (KernelPagedAttention(choice), False)
     if choice == "torch" or (choice == "auto" and device.type != "cuda"):
         return TorchPagedAttention(), True
     from pageserve_kernels.dispatch import select_backend  # Triton modules load only when chosen
@@ -34,7 +38,8 @@ def make_attention(choice: str, device: torch.device) -> tuple[PagedAttentionOp,
 
 class ModelRunner:
     def __init__(
-        self, model: LlamaModel, kv_cache: KVCache, sampler: Sampler, attention_backend: str = "auto",
+        self, model: LlamaModel, kv_cache: KVCache, sampler: Sampler,
+        attention_backend: str | AttentionBackend = "auto",
     ) -> None:
         self.model = model
         self.kv_cache = kv_cache
@@ -43,6 +48,8 @@ class ModelRunner:
         self.block_size = kv_cache.layout.block_size
         self.attention, self._plan = make_attention(attention_backend, self.device)
         self._native = self._plan and native_decode_available(kv_cache.layout.dtype, self.device)
+        self.decode_graphs: DecodeGraphs | None = None
+        """Recorded decode forwards (CUDA only; EngineCore captures them at start-up)."""
 
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
         self.sampler.forget(out.finished_request_ids)
@@ -53,7 +60,10 @@ class ModelRunner:
             inputs = build_step_inputs(
                 order_chunks(out.chunks), self.block_size, self.device, self._plan, self._native
             )
-            hidden = self.model(inputs.input_ids, inputs.positions, self.kv_cache.layers, inputs.meta, self.attention)
+            hidden = self.decode_graphs.forward(inputs) if self.decode_graphs is not None else None
+            if hidden is None:
+                hidden = self.model(inputs.input_ids, inputs.positions, self.kv_cache.layers, inputs.meta,
+                                    self.attention)
             if not inputs.sampled:
                 return RunnerOutput({})
             logits = self.model.compute_logits(hidden[inputs.logits_indices])  # (N, V) float32

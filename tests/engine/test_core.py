@@ -9,8 +9,8 @@ import pytest
 from engine.config import CacheConfig, EngineConfig, ModelConfig
 from engine.core import EngineCore
 from engine.request import Request
-from engine.scheduling.request_checks import RequestRejected
 from engine.scheduling.config import SchedulerConfig
+from engine.scheduling.request_checks import RequestRejected
 from shared.sampling import SamplingParams
 from tests.engine.model_fixtures import make_llm, random_prompts, tiny_model
 

@@ -34,6 +34,13 @@ def test_forcing_triton_under_the_interpreter() -> None:
     assert isinstance(pa_module._paged_attention_kernel, InterpretedFunction)
 
 
+@pytest.mark.parametrize("choice", ["triton", "auto"])
+def test_interpreter_on_a_cuda_device_is_refused(choice) -> None:
+    """TRITON_INTERPRET=1 (set by this suite) with a CUDA cache would silently interpret every kernel."""
+    with pytest.raises(BackendError, match="unset TRITON_INTERPRET"):
+        select_backend(choice, "cuda")
+
+
 @pytest.mark.parametrize("choice", ["torch", "triton"])
 def test_both_backends_agree_with_the_reference(choice) -> None:
     backend = select_backend(choice, "cpu")

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from engine.scheduling.preemption import pick_victim, preempt_kind
 from engine.scheduling.config import SchedulerConfig
+from engine.scheduling.preemption import pick_victim, preempt_kind
 from tests.engine.scheduling.fakes import (
     EOS,
     FakeClock,

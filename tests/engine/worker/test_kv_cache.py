@@ -54,6 +54,7 @@ def test_layer_views_alias_the_pool() -> None:
 def test_swap_out_then_in_round_trips_every_layer() -> None:
     cache = make_cache()
     cache.move_blocks(swap_out=[(1, 0), (4, 3)], swap_in=[], copy=[])
+    cache.synchronize()
     for layer in range(3):
         for kv in range(2):
             assert block_value(cache.cpu_pool, layer, kv, 0) == 1000 * layer + 100 * kv + 1
@@ -73,6 +74,7 @@ def test_swaps_read_before_writing() -> None:
     cache = make_cache()
     cache.cpu_pool[:, :, 1] = 7.0
     cache.move_blocks(swap_out=[(2, 1)], swap_in=[(1, 2)], copy=[])
+    cache.synchronize()
     assert block_value(cache.cpu_pool, 2, 1, 1) == 2102.0
     assert block_value(cache.device_pool, 2, 1, 2) == 7.0
 

@@ -13,10 +13,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from tests.support.tiny_model import tiny_llama_folder
 from pageserve_kernels import cpu_fused
 from shared.sampling import SamplingParams
 from tests.engine.model_fixtures import hf_greedy, make_llm, random_prompts, tiny_model
+from tests.support.tiny_model import tiny_llama_folder
 
 __all__ = ["tiny_model"]
 

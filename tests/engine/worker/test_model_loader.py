@@ -13,9 +13,9 @@ from transformers import AutoModelForCausalLM
 from engine.config import ModelConfig
 from engine.worker.model_loader import load_model
 from engine.worker.models.llama import ModelConfigError
-from tests.support.tiny_model import tiny_llama_folder
 from shared.sampling import SamplingParams
 from tests.engine.model_fixtures import hf_greedy, make_llm, random_prompts
+from tests.support.tiny_model import tiny_llama_folder
 
 
 def test_linear_rope_scaling_and_untied_head_match_hf(tmp_path: Path) -> None:
