@@ -1,0 +1,13 @@
+"""Several engine replicas behind one gateway: which ones are live, where each request goes, failover.
+
+    config.py       ReplicasConfig: the engine addresses, Redis discovery, probe and stall timings
+    policy.py       pure routing: prefix affinity (the engine's salted block hash, rendezvous
+                    hashing) first, the least loaded replica when the affine one is overloaded
+    discovery.py    the engines announced in Redis (shared/engine_registry.py's keys), read-only
+    replica_set.py  the live set: connects, probes stats, drops dead or stalled replicas, rejoins them
+    router.py       the EngineHandle the rest of the gateway uses: routes submit(), merges model info
+    failover.py     a request's stream that moves to another replica while no token was sent
+    counters.py     routing decisions, retries and evictions as plain counters (for the metrics page)
+
+It knows nothing about HTTP, tokenizers or tenants beyond a request's cache salt.
+"""
