@@ -11,3 +11,23 @@
 
 It knows nothing about HTTP, tokenizers or tenants beyond a request's cache salt.
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import redis.asyncio as aioredis
+
+    from gateway.replicas.config import ReplicasConfig
+    from gateway.replicas.replica_set import ReplicaSet
+
+__all__ = ["open_replicas"]
+
+
+def open_replicas(config: ReplicasConfig, redis: aioredis.Redis, redis_prefix: str) -> ReplicaSet:
+    """The replica set the gateway's lifespan starts (`await .start(timeout)`) and closes."""
+    from gateway.replicas.discovery import Discovery
+    from gateway.replicas.replica_set import ReplicaSet
+
+    return ReplicaSet(config, Discovery(redis, redis_prefix) if config.discover else None)

@@ -1,0 +1,191 @@
+"""The live set of engine replicas: who is configured or announced, who answers, who makes progress.
+
+Every `probe_interval_s` one pass (`refresh`):
+
+    wanted = configured addresses ∪ announced ones (discovery.py; Redis down: the last view)
+    replicas no longer wanted, or whose connection died ──> evicted (client closed)
+    wanted but not connected ──> handshake (joins only if it serves the first replica's model)
+    connected ──> stats probe: load for routing; no answer, or work but no step,
+                  for `stall_timeout_s` ──> evicted as stalled
+
+Evicting closes the replica's client, which fails its open streams with
+EngineDeadError: failover.py moves those that sent no token yet. An evicted
+replica that is still wanted rejoins when it answers a handshake again, so an
+engine restarted by systemd is picked up without restarting the gateway. It
+knows nothing about HTTP or the routing rule (router.py, policy.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import redis.exceptions
+
+from gateway.engine_client import EngineClient, EngineUnavailableError
+from gateway.replicas.config import ReplicasConfig
+from gateway.replicas.counters import RoutingCounters
+from gateway.replicas.discovery import Discovery
+from gateway.replicas.policy import ReplicaLoad
+from gateway.replicas.router import Router
+from shared.protocol import Stats
+
+log = logging.getLogger("pageserve.gateway")
+
+ClientFactory = Callable[[str, float], EngineClient]
+"""(address, handshake timeout) -> an unstarted client."""
+
+
+def _new_client(address: str, handshake_timeout_s: float) -> EngineClient:
+    return EngineClient(address, handshake_timeout=handshake_timeout_s)
+
+
+@dataclass
+class Replica:
+    address: str
+    client: EngineClient
+    stats: Stats | None = None
+    open_at_probe: int = 0
+    """This gateway's open requests on the replica when the last stats answer came."""
+    answered_at: float = field(default_factory=time.monotonic)
+    progress_at: float = field(default_factory=time.monotonic)
+
+    def load(self) -> ReplicaLoad:
+        # Requests opened here since the last answer were not in the engine's counts yet: they
+        # are waiting. Those that finished meanwhile leave the open count, so the guess decays.
+        new = max(0, self.client.num_open_streams - self.open_at_probe)
+        s = self.stats
+        if s is None:
+            return ReplicaLoad(self.address, num_waiting=new)
+        kv_usage = 1.0 - s.num_free_blocks / s.num_total_blocks if s.num_total_blocks else 0.0
+        return ReplicaLoad(self.address, s.num_waiting + new, s.num_running, kv_usage)
+
+    def on_stats(self, stats: Stats, now: float) -> None:
+        busy = stats.num_running + stats.num_waiting + stats.num_swapped > 0
+        if self.stats is None or not busy or stats.num_steps != self.stats.num_steps:
+            self.progress_at = now
+        self.stats, self.answered_at = stats, now
+        self.open_at_probe = self.client.num_open_streams
+
+    def stalled(self, now: float, timeout_s: float) -> bool:
+        return now - self.answered_at > timeout_s or now - self.progress_at > timeout_s
+
+
+class ReplicaSet:
+    def __init__(self, config: ReplicasConfig, discovery: Discovery | None = None,
+                 client_factory: ClientFactory = _new_client) -> None:
+        self.config = config
+        self.counters = RoutingCounters()
+        self._discovery = discovery
+        self._new_client = client_factory
+        self._replicas: dict[str, Replica] = {}
+        self._announced: set[str] = set()
+        self._unreachable: set[str] = set()
+        self._model_name: str | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.router = Router(self)
+
+    @property
+    def client(self) -> Router | None:
+        """The router while any replica is live (the gateway's EngineSource), else None (503)."""
+        return self.router if self.live() else None
+
+    def live(self) -> list[Replica]:
+        return [r for r in self._replicas.values() if r.client.healthy]
+
+    async def start(self, timeout_s: float) -> None:
+        """Wait until a first replica is live (engines may still be loading), then watch in the background."""
+        deadline = time.monotonic() + timeout_s
+        await self.refresh()
+        while not self.live():
+            if time.monotonic() >= deadline:
+                raise EngineUnavailableError(f"no engine replica answered within {timeout_s:g} s "
+                                             f"(configured: {', '.join(self.config.addresses) or 'none'})")
+            await asyncio.sleep(self.config.probe_interval_s)
+            await self.refresh()
+        self._task = asyncio.create_task(self._watch())
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.probe_interval_s)
+            try:
+                await self.refresh()
+            except Exception:  # one bad pass must not end the watching
+                log.exception("refreshing the replica set failed")
+
+    async def refresh(self) -> None:
+        """One pass: follow the wanted set, evict the dead, the withdrawn and the stalled, probe the rest."""
+        wanted = set(self.config.addresses) | await self._announced_now()
+        for replica in list(self._replicas.values()):
+            if replica.address not in wanted:
+                await self._evict(replica, "withdrawn")
+            elif not replica.client.healthy:
+                await self._evict(replica, "dead")
+        joining = sorted(a for a in wanted if a not in self._replicas)
+        live = self.live()
+        await asyncio.gather(*(self._join(a) for a in joining), *(self._probe(r) for r in live))
+        now = time.monotonic()
+        for replica in live:
+            if replica.address in self._replicas and replica.stalled(now, self.config.stall_timeout_s):
+                await self._evict(replica, "stalled")
+
+    async def _announced_now(self) -> set[str]:
+        if self._discovery is None:
+            return set()
+        try:
+            self._announced = set(await self._discovery.live())
+        except (redis.exceptions.RedisError, OSError) as e:  # keep routing to the last view
+            log.warning("could not read the announced engines from Redis: %s", e)
+        return self._announced
+
+    async def _join(self, address: str) -> None:
+        client = self._new_client(address, self.config.handshake_timeout_s)
+        try:
+            await client.start()
+        except EngineUnavailableError as e:
+            if address not in self._unreachable:  # once per outage, not every pass
+                self._unreachable.add(address)
+                log.info("engine replica %s not available: %s", address, e)
+            return
+        model = client.model_info.model_name
+        if self._model_name is None:
+            self._model_name = model
+        elif model != self._model_name:
+            log.error("engine %s serves %s, not %s: not routing to it", address, model, self._model_name)
+            await client.close()
+            return
+        self._unreachable.discard(address)
+        self._replicas[address] = Replica(address, client)
+        log.info("engine replica %s joined (%d live)", address, len(self.live()))
+
+    async def _probe(self, replica: Replica) -> None:
+        try:
+            stats = await replica.client.stats(timeout=self.config.stall_timeout_s / 2)
+        except TimeoutError:
+            return  # judged by `stalled` from the time of the last answer
+        except EngineUnavailableError:
+            return  # died meanwhile: the next pass evicts it
+        except Exception as e:  # EngineDeadError and friends: same
+            log.debug("stats probe of %s failed: %s", replica.address, e)
+            return
+        replica.on_stats(stats, time.monotonic())
+
+    async def _evict(self, replica: Replica, reason: str) -> None:
+        if self._replicas.pop(replica.address, None) is None:
+            return
+        self.counters.evictions[reason] += 1
+        log.error("engine replica %s left the live set (%s); %d live", replica.address, reason, len(self.live()))
+        await replica.client.close()  # its open streams get EngineDeadError: failover.py takes over
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        for replica in list(self._replicas.values()):
+            await replica.client.close()
+        self._replicas.clear()
