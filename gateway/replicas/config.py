@@ -16,9 +16,11 @@ class ReplicasConfig:
     routing: RoutingConfig = field(default_factory=RoutingConfig)
     probe_interval_s: float = 0.5
     """How often every replica's stats are read (load for routing, progress for stall detection)."""
-    stall_timeout_s: float = 5.0
+    stall_timeout_s: float = 15.0
     """A replica with work whose step counter has not moved, or that has not answered a stats
-    probe, for this long is dropped from the live set; its requests fail over."""
+    probe, for this long is dropped from the live set; its requests fail over. It must exceed the
+    longest step (a full prefill chunk on a CPU, under contention: seconds), or a busy replica is
+    taken for a stalled one. A dead one leaves at once: its connection closes."""
     handshake_timeout_s: float = 2.0
     """A (re)joining replica must answer the handshake within this."""
 

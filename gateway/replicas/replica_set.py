@@ -4,9 +4,9 @@ Every `probe_interval_s` one pass (`refresh`):
 
     wanted = configured addresses ∪ announced ones (discovery.py; Redis down: the last view)
     replicas no longer wanted, or whose connection died ──> evicted (client closed)
+    connected: no stats answer, or work but no step, for `stall_timeout_s` ──> evicted as stalled
+    connected otherwise ──> a stats probe unless one is still out (load for routing)
     wanted but not connected ──> handshake (joins only if it serves the first replica's model)
-    connected ──> stats probe: load for routing; no answer, or work but no step,
-                  for `stall_timeout_s` ──> evicted as stalled
 
 Evicting closes the replica's client, which fails its open streams with
 EngineDeadError: failover.py moves those that sent no token yet. An evicted
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import redis.exceptions
 
-from gateway.engine_client import EngineClient, EngineUnavailableError
+from gateway.engine_client import EngineClient, EngineError, EngineUnavailableError
 from gateway.replicas.config import ReplicasConfig
 from gateway.replicas.counters import RoutingCounters
 from gateway.replicas.discovery import Discovery
@@ -53,6 +53,8 @@ class Replica:
     """This gateway's open requests on the replica when the last stats answer came."""
     answered_at: float = field(default_factory=time.monotonic)
     progress_at: float = field(default_factory=time.monotonic)
+    probe: asyncio.Task[None] | None = None
+    """The stats request in flight: one at a time, however long a step takes to let it through."""
 
     def load(self) -> ReplicaLoad:
         # Requests opened here since the last answer were not in the engine's counts yet: they
@@ -125,13 +127,13 @@ class ReplicaSet:
                 await self._evict(replica, "withdrawn")
             elif not replica.client.healthy:
                 await self._evict(replica, "dead")
-        joining = sorted(a for a in wanted if a not in self._replicas)
-        live = self.live()
-        await asyncio.gather(*(self._join(a) for a in joining), *(self._probe(r) for r in live))
         now = time.monotonic()
-        for replica in live:
-            if replica.address in self._replicas and replica.stalled(now, self.config.stall_timeout_s):
+        for replica in self.live():
+            if replica.stalled(now, self.config.stall_timeout_s):
                 await self._evict(replica, "stalled")
+            elif replica.probe is None or replica.probe.done():
+                replica.probe = asyncio.create_task(self._probe(replica))
+        await asyncio.gather(*(self._join(a) for a in sorted(wanted) if a not in self._replicas))
 
     async def _announced_now(self) -> set[str]:
         if self._discovery is None:
@@ -163,13 +165,11 @@ class ReplicaSet:
         log.info("engine replica %s joined (%d live)", address, len(self.live()))
 
     async def _probe(self, replica: Replica) -> None:
+        """One stats request; a slow answer is awaited (a long step delays it), a missing one is
+        judged by `Replica.stalled` from the time of the last answer."""
         try:
-            stats = await replica.client.stats(timeout=self.config.stall_timeout_s / 2)
-        except TimeoutError:
-            return  # judged by `stalled` from the time of the last answer
-        except EngineUnavailableError:
-            return  # died meanwhile: the next pass evicts it
-        except Exception as e:  # EngineDeadError and friends: same
+            stats = await replica.client.stats(timeout=self.config.stall_timeout_s)
+        except (TimeoutError, EngineError) as e:  # dead or stalled: the next pass decides
             log.debug("stats probe of %s failed: %s", replica.address, e)
             return
         replica.on_stats(stats, time.monotonic())
@@ -178,6 +178,8 @@ class ReplicaSet:
         if self._replicas.pop(replica.address, None) is None:
             return
         self.counters.evictions[reason] += 1
+        if replica.probe is not None:
+            replica.probe.cancel()
         log.error("engine replica %s left the live set (%s); %d live", replica.address, reason, len(self.live()))
         await replica.client.close()  # its open streams get EngineDeadError: failover.py takes over
 
@@ -187,5 +189,7 @@ class ReplicaSet:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         for replica in list(self._replicas.values()):
+            if replica.probe is not None:
+                replica.probe.cancel()
             await replica.client.close()
         self._replicas.clear()
