@@ -22,7 +22,15 @@ if TYPE_CHECKING:
     from gateway.replicas.config import ReplicasConfig
     from gateway.replicas.replica_set import ReplicaSet
 
-__all__ = ["open_replicas"]
+__all__ = ["open_replicas", "routing_metrics"]
+
+
+def routing_metrics(engine_source: object) -> dict[str, object] | None:
+    """The replica set's counters and per-replica load for the metrics page (`GatewayState.engine`);
+    None when the gateway runs the single engine link."""
+    from gateway.replicas.replica_set import ReplicaSet
+
+    return engine_source.metrics() if isinstance(engine_source, ReplicaSet) else None
 
 
 def open_replicas(config: ReplicasConfig, redis: aioredis.Redis, redis_prefix: str) -> ReplicaSet:

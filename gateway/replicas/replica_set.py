@@ -183,6 +183,12 @@ class ReplicaSet:
         log.error("engine replica %s left the live set (%s); %d live", replica.address, reason, len(self.live()))
         await replica.client.close()  # its open streams get EngineDeadError: failover.py takes over
 
+    def metrics(self) -> dict[str, object]:
+        """What a metrics page shows: the routing counters, and per live replica its last known load."""
+        replicas = {r.address: {"num_waiting": (load := r.load()).num_waiting, "num_running": load.num_running,
+                                "kv_usage": load.kv_usage} for r in self.live()}
+        return {"live_replicas": len(replicas), "replicas": replicas, **self.counters.snapshot()}
+
     async def close(self) -> None:
         if self._task is not None:
             self._task.cancel()

@@ -12,6 +12,7 @@ import pytest
 
 from engine.serving.server import EngineServer, ServerConfig
 from gateway.engine_client import EngineDeadError
+from gateway.replicas import routing_metrics
 from gateway.replicas.config import ReplicasConfig
 from gateway.replicas.failover import FailoverStream
 from gateway.replicas.policy import RoutingConfig, rendezvous_order
@@ -94,6 +95,10 @@ async def test_requests_sharing_a_prefix_meet_on_their_affine_replica(two: tuple
         assert served == {affine(prompt, salt, [a.address, b.address])}
     assert replicas.counters.decisions["affinity"] == 12
     assert sum(replicas.counters.routed.values()) == 12
+    metrics = routing_metrics(replicas)
+    assert metrics is not None and metrics["live_replicas"] == 2 and metrics["decisions"] == {"affinity": 12}
+    assert set(metrics["replicas"]) == {a.address, b.address}  # type: ignore[call-overload]
+    assert routing_metrics(object()) is None  # the single engine link has none
     assert router.model_info.model_name == "fake"
 
 
