@@ -11,10 +11,13 @@ It knows nothing about the core, requests or ZeroMQ.
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import logging
 import os
 import socket
 import threading
+from collections.abc import Iterator
 from typing import Protocol
 
 import redis
@@ -79,3 +82,29 @@ class Announcer:
         except redis.RedisError as e:
             log.warning("could not withdraw the engine's announcement (it expires by itself): %s", e)
         self._redis.close()
+
+
+def add_announce_args(p: argparse.ArgumentParser) -> None:
+    """`pageserve engine`'s flags for announcing itself."""
+    p.add_argument("--redis-url", default=os.environ.get("PAGESERVE_ENGINE_REDIS_URL"),
+                   help="announce this engine to gateways in this Redis (env PAGESERVE_ENGINE_REDIS_URL)")
+    p.add_argument("--redis-prefix", default="ps", help="namespace of the announcement's keys")
+    p.add_argument("--advertise", default=None, metavar="ADDRESS",
+                   help="address announced to gateways (default: the bound --listen address)")
+    p.add_argument("--announce-ttl", type=float, default=6.0,
+                   help="seconds an announcement outlives its last renewal (a dead engine leaves within it)")
+
+
+@contextlib.contextmanager
+def announced(args: argparse.Namespace, bound_address: str, info: ModelFacts) -> Iterator[None]:
+    """Announced while the block runs, when `args.redis_url` is set; withdrawn when it ends."""
+    if args.redis_url is None:
+        yield
+        return
+    announcer = Announcer(args.redis_url, args.redis_prefix, engine_record(args.advertise or bound_address, info),
+                          ttl_s=args.announce_ttl)
+    announcer.start()
+    try:
+        yield
+    finally:
+        announcer.stop()

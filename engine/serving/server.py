@@ -41,6 +41,7 @@ import zmq
 
 from engine.outputs import RequestDelta
 from engine.request import Request
+from engine.serving.announce import add_announce_args, announced
 from engine.serving.inflight import InFlightTable
 from engine.serving.step_stats import CoreCounts, StepStats
 from shared.protocol import (
@@ -365,13 +366,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--shutdown-grace", type=float, default=5.0, help="seconds in-flight requests get on SIGTERM")
     p.add_argument("--log-level", default="INFO")
-    p.add_argument("--redis-url", default=os.environ.get("PAGESERVE_ENGINE_REDIS_URL"),
-                   help="announce this engine to gateways in this Redis (env PAGESERVE_ENGINE_REDIS_URL)")
-    p.add_argument("--redis-prefix", default="ps", help="namespace of the announcement's keys")
-    p.add_argument("--advertise", default=None, metavar="ADDRESS",
-                   help="address announced to gateways (default: the bound --listen address)")
-    p.add_argument("--announce-ttl", type=float, default=6.0,
-                   help="seconds an announcement outlives its last renewal (a dead engine leaves within it)")
+    add_announce_args(p)
     return p
 
 
@@ -411,14 +406,5 @@ def main(argv: list[str]) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: server.request_stop())
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1 PID` prints every thread's stack: a slow step shows
-    if args.redis_url is None:
+    with announced(args, server.address, info):  # in Redis for gateways, when --redis-url is given
         return server.serve()
-    from engine.serving.announce import Announcer, engine_record
-
-    announcer = Announcer(args.redis_url, args.redis_prefix, engine_record(args.advertise or server.address, info),
-                          ttl_s=args.announce_ttl)
-    announcer.start()
-    try:
-        return server.serve()
-    finally:
-        announcer.stop()

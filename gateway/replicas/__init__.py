@@ -4,6 +4,7 @@
     policy.py       pure routing: prefix affinity (the engine's salted block hash, rendezvous
                     hashing) first, the least loaded replica when the affine one is overloaded
     discovery.py    the engines announced in Redis (shared/engine_registry.py's keys), read-only
+    replica.py      one connected replica: its client, last stats, load, the stall rule
     replica_set.py  the live set: connects, probes stats, drops dead or stalled replicas, rejoins them
     router.py       the EngineHandle the rest of the gateway uses: routes submit(), merges model info
     failover.py     a request's stream that moves to another replica while no token was sent

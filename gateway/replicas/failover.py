@@ -16,19 +16,38 @@ or how the replica is chosen (router.py, policy.py).
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from gateway.engine_client import EngineDeadError, RequestStream
+from gateway.replicas.counters import RoutingCounters
 from shared.protocol import AddRequest, Finished, TokenDelta
-
-if TYPE_CHECKING:
-    from gateway.replicas.router import Router
 
 log = logging.getLogger("pageserve.gateway")
 
 
+class Submitter(Protocol):
+    async def submit(self, request: AddRequest) -> RequestStream: ...
+
+
+class Endpoint(Protocol):
+    """A replica as far as failover needs it (replica.py's Replica)."""
+
+    @property
+    def address(self) -> str: ...
+    @property
+    def client(self) -> Submitter: ...
+
+
+class Picker(Protocol):
+    """The router (router.py): chooses a replica and keeps the counters."""
+
+    @property
+    def counters(self) -> RoutingCounters: ...
+    def pick(self, request: AddRequest, exclude: set[str]) -> Endpoint | None: ...
+
+
 class FailoverStream:
-    def __init__(self, router: Router, request: AddRequest) -> None:
+    def __init__(self, router: Picker, request: AddRequest) -> None:
         self.request_id = request.request_id
         self.num_samples = request.sampling.n
         self._router = router

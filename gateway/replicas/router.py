@@ -12,19 +12,29 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from gateway.engine_client import EngineDeadError
+from gateway.replicas.config import ReplicasConfig
+from gateway.replicas.counters import RoutingCounters
 from gateway.replicas.failover import FailoverStream
 from gateway.replicas.policy import affinity_key, choose
+from gateway.replicas.replica import Replica
 from shared.protocol import AddRequest, Ready, Stats
 
-if TYPE_CHECKING:
-    from gateway.replicas.replica_set import Replica, ReplicaSet
+
+class LiveSet(Protocol):
+    """What the router reads of the replica set (replica_set.py)."""
+
+    @property
+    def config(self) -> ReplicasConfig: ...
+    @property
+    def counters(self) -> RoutingCounters: ...
+    def live(self) -> list[Replica]: ...
 
 
 class Router:
-    def __init__(self, replicas: ReplicaSet) -> None:
+    def __init__(self, replicas: LiveSet) -> None:
         self._replicas = replicas
         self.counters = replicas.counters
         self._last_info: Ready | None = None
