@@ -99,6 +99,8 @@ async def test_requests_sharing_a_prefix_meet_on_their_affine_replica(two: tuple
     assert metrics is not None and metrics["live_replicas"] == 2 and metrics["decisions"] == {"affinity": 12}
     assert set(metrics["replicas"]) == {a.address, b.address}  # type: ignore[call-overload]
     assert routing_metrics(object()) is None  # the single engine link has none
+    total = await router.stats()  # the replicas' stats added up
+    assert total.num_finished == 12 and total.num_gateways == 2 and total.num_total_blocks == 2 * INFO.num_blocks
     assert router.model_info.model_name == "fake"
 
 
