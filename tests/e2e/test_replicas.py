@@ -13,9 +13,11 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import json
+import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -227,3 +229,37 @@ async def _settled(r: Replicas, survivor: str, key_tenant: str, expected_request
             await asyncio.sleep(0.3)
     finally:
         await redis.aclose()
+
+
+def test_up_with_two_engines_serves_through_both(tmp_path: Path) -> None:
+    """`pageserve up --engines 2`: two engine processes, each joined by the gateway."""
+    folder = tiny_model_with_tokenizer(tmp_path / "tiny")
+    engine_port, port = free_port(), free_port()
+    up = subprocess.Popen([sys.executable, "-m", "ops.cli", "up", "--engines", "2", "--model", str(folder),
+                           "--engine-port", str(engine_port), "--port", str(port),
+                           "--engine-args", "--threads 1 --kv-cache-memory 0.02"],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        assert up.stdout is not None
+        lines: list[str] = []
+        deadline = time.monotonic() + 300
+        while not lines or not lines[-1].startswith("curl "):
+            assert time.monotonic() < deadline and up.poll() is None, "".join(lines)
+            lines.append(up.stdout.readline())
+        key = next(x.strip() for x in lines if x.strip().startswith("ps-"))
+        addresses = [f"tcp://127.0.0.1:{engine_port + i}" for i in range(2)]
+        # Each engine counts the gateway's connection (and this probe's own): the gateway joined both.
+        while not all(asyncio.run(_stats(a)).num_gateways >= 2 for a in addresses):
+            assert time.monotonic() < deadline
+            time.sleep(0.5)
+        r = Replicas(f"http://127.0.0.1:{port}", str(folder), {}, "", tmp_path)
+        for i in range(4):
+            assert completion(r, key, f"{i} different openings make {i} different prefixes", 3)["usage"][
+                "completion_tokens"] == 3
+        assert sum(asyncio.run(_stats(a)).num_finished for a in addresses) == 4
+        up.send_signal(signal.SIGINT)
+        assert up.wait(timeout=60) == 0
+    finally:
+        if up.poll() is None:
+            os.killpg(up.pid, signal.SIGKILL)
+            up.wait()
