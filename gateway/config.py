@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gateway.replicas.config import ReplicasConfig
 from gateway.tenancy.admission import AdmissionConfig
 
 
@@ -15,6 +16,8 @@ from gateway.tenancy.admission import AdmissionConfig
 class GatewayConfig:
     engine_address: str = "tcp://127.0.0.1:5555"
     """ZeroMQ address the engine listens on (tcp://host:port or ipc://path)."""
+    replicas: ReplicasConfig = field(default_factory=ReplicasConfig)
+    """Several engines (listed, or announced in Redis): routed per request (gateway/replicas/)."""
     redis_url: str = "redis://127.0.0.1:6379/0"
     """Tenants, hashed API keys and quotas live here."""
     model: str = "smollm2"

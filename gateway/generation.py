@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from gateway.detokenizer import IncrementalDetokenizer, Tokenizer
-from gateway.engine_client import EngineDeadError, EngineError, RequestFailedError, RequestStream
+from gateway.engine_client import EngineDeadError, EngineError, RequestFailedError
 from gateway.errors import APIError, EngineUnavailable, InternalError, InvalidRequest
 from gateway.stop_strings import StopStringMatcher
 from gateway.tenancy.admission import Ticket
@@ -33,10 +33,19 @@ from shared.sampling import SamplingParams
 log = logging.getLogger("pageserve.gateway")
 
 
-class Engine(Protocol):
-    """What a generation needs from `EngineClient` (a fake in unit tests)."""
+class TokenStream(Protocol):
+    """One request's outputs: `RequestStream`, or gateway/replicas/failover.py's across replicas."""
 
-    async def submit(self, request: AddRequest) -> RequestStream: ...
+    @property
+    def finished(self) -> bool: ...
+    def __aiter__(self) -> AsyncIterator[TokenDelta | Finished]: ...
+    async def aclose(self) -> None: ...
+
+
+class Engine(Protocol):
+    """What a generation needs from `EngineClient` or the replica router (a fake in unit tests)."""
+
+    async def submit(self, request: AddRequest) -> TokenStream: ...
 
 
 class Caller(Protocol):
@@ -102,7 +111,7 @@ class Generation:
     """The request ended in an error (engine or internal), not by finishing or a client leaving."""
     usage: Usage = field(init=False)
     _samples: list[_Sample] = field(init=False)
-    _stream: RequestStream | None = field(init=False, default=None)
+    _stream: TokenStream | None = field(init=False, default=None)
     _closed: bool = field(init=False, default=False)
 
     def __post_init__(self) -> None:

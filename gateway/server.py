@@ -10,6 +10,7 @@ can use an EnvironmentFile. Logic lives in the app; this is the entry point only
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 from typing import Any
@@ -23,8 +24,14 @@ DEFAULTS = GatewayConfig()
 def parse_args(argv: list[str]) -> GatewayConfig:
     env = os.environ.get
     p = argparse.ArgumentParser(prog="pageserve gateway", description="OpenAI-compatible HTTP gateway")
-    p.add_argument("--engine", default=env("PAGESERVE_ENGINE", DEFAULTS.engine_address),
-                   help="ZeroMQ address of the engine (env PAGESERVE_ENGINE)")
+    p.add_argument("--engine", action="append", default=None,
+                   help="ZeroMQ address of an engine; repeat it or separate by commas for several replicas "
+                        "(env PAGESERVE_ENGINE)")
+    p.add_argument("--discover-engines", action="store_true",
+                   default=env("PAGESERVE_DISCOVER_ENGINES", "") not in ("", "0"),
+                   help="also route to the engines announced in Redis (env PAGESERVE_DISCOVER_ENGINES=1)")
+    p.add_argument("--stall-timeout", type=float, default=DEFAULTS.replicas.stall_timeout_s,
+                   help="seconds without progress after which a replica leaves the live set")
     p.add_argument("--redis-url", default=env("PAGESERVE_REDIS_URL", DEFAULTS.redis_url),
                    help="Redis holding tenants and hashed keys (env PAGESERVE_REDIS_URL)")
     p.add_argument("--host", default=env("PAGESERVE_HOST", DEFAULTS.host))
@@ -47,8 +54,14 @@ def parse_args(argv: list[str]) -> GatewayConfig:
     a = p.parse_args(argv)
     if a.workers < 1:
         p.error("--workers must be at least 1")
+    given = engine_addresses(a.engine or [env("PAGESERVE_ENGINE", "")])
+    engines = given or (DEFAULTS.engine_address,)
+    # One engine keeps the single link; several, or discovery, the replica set (with the given ones only).
+    replicas = given if a.discover_engines or len(given) > 1 else ()
     return GatewayConfig(
-        engine_address=a.engine,
+        engine_address=engines[0],
+        replicas=dataclasses.replace(DEFAULTS.replicas, addresses=replicas, discover=a.discover_engines,
+                                     stall_timeout_s=a.stall_timeout),
         redis_url=a.redis_url,
         model=a.model,
         host=a.host,
@@ -61,6 +74,12 @@ def parse_args(argv: list[str]) -> GatewayConfig:
                                   default_max_tokens=a.quota_default_max_tokens),
         admin_token=env("PAGESERVE_ADMIN_TOKEN") or None,  # env only: a flag would show in `ps`
     )
+
+
+def engine_addresses(values: list[str]) -> tuple[str, ...]:
+    """`--engine A --engine B,C` -> (A, B, C), in order, without repeats or blanks."""
+    found = [a.strip() for v in values for a in v.split(",") if a.strip()]
+    return tuple(dict.fromkeys(found))
 
 
 _ARGV_ENV = "PAGESERVE_GATEWAY_ARGV"

@@ -81,6 +81,8 @@ def get_state(request: Request) -> GatewayState:
 async def open_services(config: GatewayConfig) -> AsyncIterator[GatewayState]:
     """The real services: tokenizer, Redis pool + tenancy store, engine link (waits for the engine)."""
     from gateway.engine_link import EngineLink
+    from gateway.replicas import open_replicas
+    from gateway.replicas.replica_set import ReplicaSet
     from gateway.tenancy.redis_conn import connect
     from gateway.tenancy.store import TenantStore
 
@@ -88,7 +90,9 @@ async def open_services(config: GatewayConfig) -> AsyncIterator[GatewayState]:
     redis = connect(config.redis_url)
     store = TenantStore(redis, prefix=config.redis_prefix, actor="gateway")
     admission = Admission(redis, prefix=config.redis_prefix, config=config.admission)
-    link = EngineLink(config.engine_address, retry_interval_s=config.engine_retry_interval_s)
+    link: EngineLink | ReplicaSet = (
+        open_replicas(config.replicas, redis, config.redis_prefix) if config.replicas.enabled
+        else EngineLink(config.engine_address, retry_interval_s=config.engine_retry_interval_s))
     try:
         await link.start(config.engine_connect_timeout_s)
         yield GatewayState(config=config, engine=link, prompts=prompts, store=store, redis=store,

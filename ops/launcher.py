@@ -1,6 +1,7 @@
 """`pageserve up`: redis-server, the engine and the gateway on 127.0.0.1, with one command.
 
     pageserve up [--model smollm2] [--port 8000] [--redis-url URL] [--engine-port N] [--tenant demo]
+                 [--engines N]                # N engine replicas behind the gateway (ports from --engine-port)
                  [--engine tcp://HOST:PORT]   # use an engine that is already running instead
 
 Starts a private redis-server on a free port unless `--redis-url` is given,
@@ -53,7 +54,9 @@ class LaunchConfig:
     redis_url: str | None = None
     """None: start a private redis-server on a free port."""
     engine_port: int | None = None
-    """None: a free port."""
+    """None: a free port (each replica its own); N: replicas on N, N+1, ..."""
+    engines: int = 1
+    """Engine replicas to start; the gateway routes between them (gateway/replicas/)."""
     engine_address: str | None = None
     """An engine already running there is used; None: start one."""
     engine_args: tuple[str, ...] = ()
@@ -155,6 +158,13 @@ def stop_all(children: list[Child]) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
+def engine_addresses(config: LaunchConfig) -> list[str]:
+    """Where each local replica listens: consecutive ports from --engine-port, else free ones."""
+    if config.engine_port is not None:
+        return [f"tcp://127.0.0.1:{config.engine_port + i}" for i in range(config.engines)]
+    return [f"tcp://127.0.0.1:{free_port()}" for _ in range(config.engines)]
+
+
 def curl_line(host: str, port: int, key: str, model: str) -> str:
     body = json.dumps({"model": model, "stream": True,
                        "messages": [{"role": "user", "content": "What is the capital of France?"}]})
@@ -169,13 +179,16 @@ def parse_args(argv: list[str]) -> LaunchConfig:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--redis-url", default=os.environ.get("PAGESERVE_REDIS_URL"))
     p.add_argument("--engine-port", type=int, default=None)
+    p.add_argument("--engines", type=int, default=1, metavar="N", help="start N engine replicas (default 1)")
     p.add_argument("--engine", default=None, metavar="ADDRESS",
                    help="use the engine already listening at this ZeroMQ address instead of starting one")
     p.add_argument("--engine-args", default="", help="extra flags for `pageserve engine`, as one string")
     p.add_argument("--tenant", default="demo", help="the demo tenant that gets a fresh key")
     a = p.parse_args(argv)
+    if a.engines < 1:
+        p.error("--engines must be at least 1")
     return LaunchConfig(model=a.model, host=a.host, port=a.port, redis_url=a.redis_url,
-                        engine_port=a.engine_port, engine_address=a.engine, engine_args=tuple(shlex.split(a.engine_args)),
+                        engine_port=a.engine_port, engines=a.engines, engine_address=a.engine, engine_args=tuple(shlex.split(a.engine_args)),
                         tenant=a.tenant)
 
 
@@ -207,9 +220,12 @@ def _run(config: LaunchConfig, children: list[Child], stopping: Callable[[], boo
         children.append(redis)
     engine_address = config.engine_address
     if engine_address is None:
-        engine_address = f"tcp://127.0.0.1:{config.engine_port or free_port()}"
-        children.append(_spawn("engine", [*cli, "engine", "--model", config.model, "--listen", engine_address,
+        addresses = engine_addresses(config)
+        for i, address in enumerate(addresses):
+            name = "engine" if len(addresses) == 1 else f"engine-{i}"
+            children.append(_spawn(name, [*cli, "engine", "--model", config.model, "--listen", address,
                                           *config.engine_args]))
+        engine_address = ",".join(addresses)
     children.append(_spawn("gateway", [*cli, "gateway", "--engine", engine_address, "--redis-url", redis_url,
                                        "--host", config.host, "--port", str(config.port), "--model", config.model,
                                        "--redis-prefix", config.redis_prefix,
@@ -219,7 +235,7 @@ def _run(config: LaunchConfig, children: list[Child], stopping: Callable[[], boo
     print(f"\npageserve is up: http://{config.host}:{config.port}  (model {config.model}, redis {redis_url})")
     print(f"API key for tenant {config.tenant!r} (shown once):\n  {key}\n")
     print(curl_line(config.host, config.port, key, config.model))
-    print("\nCtrl-C stops redis, the engine and the gateway.", flush=True)
+    print("\nCtrl-C stops redis, the engine(s) and the gateway.", flush=True)
     while not stopping():
         for c in children:
             if c.proc.poll() is not None:

@@ -18,21 +18,13 @@ Every move between the three is O(1): the list links live on the blocks themselv
 
 from __future__ import annotations
 
-import hashlib
-from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-BlockHash = bytes
-"""sha256 of (parent hash, cache salt, token ids): chained, so it names the whole prefix."""
+# The hash is defined in shared/: the gateway's replica router hashes prompts exactly the same way.
+from shared.block_hash import BlockHash, hash_block
 
-
-def hash_block(parent: BlockHash | None, salt: str, token_ids: Sequence[int]) -> BlockHash:
-    h = hashlib.sha256(parent or b"\0" * 32)
-    salt_bytes = salt.encode()
-    h.update(len(salt_bytes).to_bytes(4, "little") + salt_bytes)
-    h.update(array("q", token_ids).tobytes())
-    return h.digest()
+__all__ = ["BlockHash", "BlockPool", "EvictableQueue", "KVBlock", "hash_block"]
 
 
 @dataclass(eq=False, slots=True)

@@ -41,6 +41,7 @@ import zmq
 
 from engine.outputs import RequestDelta
 from engine.request import Request
+from engine.serving.announce import add_announce_args, announced
 from engine.serving.inflight import InFlightTable
 from engine.serving.step_stats import CoreCounts, StepStats
 from shared.protocol import (
@@ -365,6 +366,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--shutdown-grace", type=float, default=5.0, help="seconds in-flight requests get on SIGTERM")
     p.add_argument("--log-level", default="INFO")
+    add_announce_args(p)
     return p
 
 
@@ -404,4 +406,5 @@ def main(argv: list[str]) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: server.request_stop())
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1 PID` prints every thread's stack: a slow step shows
-    return server.serve()
+    with announced(args, server.address, info):  # in Redis for gateways, when --redis-url is given
+        return server.serve()

@@ -1,0 +1,78 @@
+"""The one engine the rest of the gateway sees when there are several: it routes each request.
+
+`Router` has the shape of a single engine client (`EngineHandle` in
+gateway/state.py): `model_info`, `submit`, `stats`. `submit` asks the policy
+(policy.py) for a replica among the live ones (replica_set.py) and returns a
+failover stream (failover.py). `model_info` is the most any live replica
+accepts: the smallest context and KV pool, so a request the gateway admits fits
+wherever it lands. It knows nothing about HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import Protocol
+
+from gateway.engine_client import EngineDeadError
+from gateway.replicas.config import ReplicasConfig
+from gateway.replicas.counters import RoutingCounters
+from gateway.replicas.failover import FailoverStream
+from gateway.replicas.policy import affinity_key, choose
+from gateway.replicas.replica import Replica
+from shared.protocol import AddRequest, Ready, Stats
+
+
+class LiveSet(Protocol):
+    """What the router reads of the replica set (replica_set.py)."""
+
+    @property
+    def config(self) -> ReplicasConfig: ...
+    @property
+    def counters(self) -> RoutingCounters: ...
+    def live(self) -> list[Replica]: ...
+
+
+class Router:
+    def __init__(self, replicas: LiveSet) -> None:
+        self._replicas = replicas
+        self.counters = replicas.counters
+        self._last_info: Ready | None = None
+
+    @property
+    def model_info(self) -> Ready:
+        infos = [r.client.model_info for r in self._replicas.live()]
+        if infos:
+            self._last_info = dataclasses.replace(
+                infos[0], max_model_len=min(i.max_model_len for i in infos),
+                num_blocks=min(i.num_blocks for i in infos))
+        if self._last_info is None:
+            raise EngineDeadError("no live engine replica")
+        return self._last_info  # all replicas just died: the last view, the request then fails over to none
+
+    def pick(self, request: AddRequest, exclude: set[str]) -> Replica | None:
+        """The replica for this request among the live ones not in `exclude`; counted as routed there."""
+        candidates = {r.address: r for r in self._replicas.live() if r.address not in exclude}
+        if not candidates:
+            return None
+        routing = self._replicas.config.routing
+        block_size = next(iter(candidates.values())).client.model_info.block_size
+        key = affinity_key(request.prompt_token_ids, request.cache_salt, block_size, routing)
+        decision = choose(key, [r.load() for r in candidates.values()], routing)
+        self.counters.route(decision.replica_id, decision.reason)
+        return candidates[decision.replica_id]
+
+    async def submit(self, request: AddRequest) -> FailoverStream:
+        stream = FailoverStream(self, request)
+        await stream.open()
+        return stream
+
+    async def stats(self, timeout: float = 5.0) -> Stats:
+        """The live replicas' stats added up (per-step figures: the largest, and the mean of means)."""
+        parts = await asyncio.gather(*(r.client.stats(timeout) for r in self._replicas.live()))
+        if not parts:
+            raise EngineDeadError("no live engine replica")
+        total = Stats(*(sum(getattr(s, f.name) for s in parts) for f in dataclasses.fields(Stats)))
+        return dataclasses.replace(
+            total, max_requests_per_step=max(s.max_requests_per_step for s in parts),
+            mean_requests_per_step=sum(s.mean_requests_per_step for s in parts) / len(parts))

@@ -1,0 +1,265 @@
+"""Two real engine processes behind one gateway: prefix affinity, and losing a replica mid-traffic.
+
+The engines run a tiny random Llama with the default model's vocabulary and
+tokenizer (fast on 2 cores; routing and failover do not depend on the weights).
+They announce themselves in the session's redis-server (`--redis-url`) and the
+gateway follows them (`--discover-engines`). Leaks are checked where they would
+show: the survivor's KV pool and queues, the tenant's concurrency leases, and
+the usage record against the tokens the clients actually received.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis.asyncio as aioredis
+
+from gateway.engine_client import EngineClient
+from shared.model_store import resolve_model
+from shared.protocol import Stats
+from tests.e2e.conftest import _spawn, _stop, _wait_healthy
+from tests.support.redis_server import free_port
+from tests.support.tiny_model import tiny_llama_folder
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+PREFIX = "e2erep"
+MAX_NUM_SEQS = 4
+
+
+@dataclass
+class Replicas:
+    base_url: str
+    folder: str
+    engines: dict[str, subprocess.Popen[bytes]]
+    """address -> process"""
+    redis_url: str
+    logs: Path
+
+    def stats(self, address: str) -> Stats:
+        return asyncio.run(_stats(address))
+
+
+async def _stats(address: str) -> Stats:
+    client = EngineClient(address, handshake_timeout=5)
+    await client.start()
+    try:
+        return await client.stats()
+    finally:
+        await client.close()
+
+
+def tiny_model_with_tokenizer(path: Path) -> Path:
+    """The tiny random model, sized to the default model's vocabulary, with its tokenizer files."""
+    tiny_llama_folder(path, vocab_size=49152, hidden_size=64, intermediate_size=128, num_layers=2, eos_token_id=2)
+    source = resolve_model("smollm2").path
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (source / name).exists():
+            shutil.copy(source / name, path / name)
+    return path
+
+
+async def _key(redis_url: str, tenant: str) -> str:
+    from gateway.tenancy import TenantStore, connect
+
+    redis = connect(redis_url)
+    try:
+        store = TenantStore(redis, prefix=PREFIX, actor="e2e")
+        await store.create_tenant(tenant)
+        key, _ = await store.create_key(tenant)
+        return key
+    finally:
+        await redis.aclose()
+
+
+@pytest.fixture(scope="module")
+def replicas(redis_url: str, request: pytest.FixtureRequest) -> Iterator[Replicas]:
+    logs = Path(tempfile.mkdtemp(prefix="pageserve-e2e-replicas-"))
+    folder = str(tiny_model_with_tokenizer(logs / "tiny"))
+    addresses = [f"tcp://127.0.0.1:{free_port()}" for _ in range(2)]
+    engines = {a: _spawn(["engine", "--model", folder, "--listen", a, "--redis-url", redis_url, "--redis-prefix",
+                          PREFIX, "--max-num-seqs", str(MAX_NUM_SEQS), "--kv-cache-memory", "0.02",
+                          "--threads", "1", "--announce-ttl", "3"], logs / f"engine-{i}.log")
+               for i, a in enumerate(addresses)}
+    port = free_port()
+    gateway = _spawn(["gateway", "--discover-engines", "--redis-url", redis_url, "--redis-prefix", PREFIX,
+                      "--port", str(port), "--model", folder, "--stall-timeout", "10"], logs / "gateway.log")
+    try:
+        base = f"http://127.0.0.1:{port}"
+        _wait_healthy(base + "/health", {"gateway": gateway, **{f"engine-{i}": p for i, p in
+                                                                 enumerate(engines.values())}}, logs)
+        for a in addresses:  # both answer; then give the gateway two probe passes to have joined both
+            _wait_for_engine(a)
+        time.sleep(1.5)
+        yield Replicas(base, folder, engines, redis_url, logs)
+    finally:
+        _stop(gateway)
+        for p in engines.values():
+            _stop(p)
+        if request.session.testsfailed:
+            print(f"\nreplica e2e logs kept in {logs}")
+        else:
+            shutil.rmtree(logs, ignore_errors=True)
+
+
+def _wait_for_engine(address: str) -> None:
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            asyncio.run(_stats(address))
+            return
+        except Exception:
+            assert time.monotonic() < deadline, f"engine {address} never answered"
+            time.sleep(0.3)
+
+
+def completion(r: Replicas, key: str, prompt: str, max_tokens: int) -> dict[str, Any]:
+    resp = httpx.post(r.base_url + "/v1/completions", headers={"Authorization": f"Bearer {key}"}, timeout=60,
+                      json={"model": r.folder, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True})
+    assert resp.status_code == 200, resp.text
+    return resp.json()  # type: ignore[no-any-return]
+
+
+SHARED = "You are a careful assistant. Answer in one short sentence, cite nothing, and say when unsure. " * 8  # > 4 blocks
+
+
+def test_requests_sharing_a_prefix_land_on_one_replica_and_hit_its_cache(replicas: Replicas) -> None:
+    key = asyncio.run(_key(replicas.redis_url, "affinity"))
+    before = {a: replicas.stats(a).num_finished for a in replicas.engines}
+    cached = []
+    for i in range(4):
+        out = completion(replicas, key, SHARED + f"Question {i}: what is {i} + {i}?", 4)
+        cached.append(out["usage"]["prompt_tokens_details"]["cached_tokens"])
+    served = {a: replicas.stats(a).num_finished - before[a] for a in replicas.engines}
+    assert sorted(served.values()) == [0, 4], served  # every one of them on the same replica
+    assert cached[0] == 0 and all(c >= 128 for c in cached[1:]), cached  # its prefix cache served the rest
+
+
+async def _stream(r: Replicas, client: httpx.AsyncClient, key: str, prompt: str, max_tokens: int,
+                  first_token: asyncio.Event) -> dict[str, Any]:
+    body = {"model": r.folder, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    tokens, error, usage, done = 0, None, None, False
+    async with client.stream("POST", r.base_url + "/v1/completions", json=body,
+                             headers={"Authorization": f"Bearer {key}"}) as resp:
+        assert resp.status_code == 200
+        async for line in resp.aiter_lines():
+            if not line.startswith("data: "):
+                continue
+            if line == "data: [DONE]":
+                done = True
+                continue
+            event = json.loads(line[6:])
+            if "error" in event:
+                error = event["error"]
+            elif event.get("usage") and not event.get("choices"):
+                usage = event["usage"]
+            elif event.get("choices"):
+                # Each chunk carries the usage so far: tokens a chunk held back (partial UTF-8) count too.
+                tokens = event["usage"]["completion_tokens"]
+                first_token.set()
+    return {"tokens": tokens, "error": error, "usage": usage, "done": done}
+
+
+async def _traffic(r: Replicas, key: str, n: int, max_tokens: int, kill: str | None) -> list[dict[str, Any]]:
+    first_token = asyncio.Event()
+    async with httpx.AsyncClient(timeout=120) as client:
+        tasks = [asyncio.create_task(_stream(r, client, key, f"{i} distinct opening words {i} then a question",
+                                             max_tokens, first_token)) for i in range(n)]
+        if kill is not None:
+            await asyncio.wait_for(first_token.wait(), 60)
+            r.engines[kill].send_signal(signal.SIGKILL)  # no goodbye, no withdrawal: a crash
+        return await asyncio.gather(*tasks)
+
+
+def test_killing_a_replica_mid_traffic_loses_nothing_and_leaks_nothing(replicas: Replicas) -> None:
+    key = asyncio.run(_key(replicas.redis_url, "failover"))
+    victim, survivor = list(replicas.engines)
+    n, max_tokens = 16, 120
+    results = asyncio.run(_traffic(replicas, key, n, max_tokens, kill=victim))
+    completed = [x for x in results if x["error"] is None]
+    cut = [x for x in results if x["error"] is not None]
+    # Only what was running on the victim with tokens sent can be cut, and each is told clearly;
+    # everything else (waiting there, or on the survivor) completes in full.
+    assert len(cut) <= MAX_NUM_SEQS, cut
+    assert all(x["tokens"] > 0 and x["error"]["code"] == "engine_unavailable" for x in cut), cut
+    assert all(x["done"] and x["usage"]["completion_tokens"] == max_tokens for x in completed)
+    assert len(completed) >= n - MAX_NUM_SEQS
+    # The victim's queued requests (no token yet) were moved to the survivor, not failed.
+    assert "moved to replica " + survivor in (replicas.logs / "gateway.log").read_text()
+
+    # The survivor serves everything afterwards.
+    after = asyncio.run(_traffic(replicas, key, 6, 8, kill=None))
+    assert all(x["error"] is None and x["usage"]["completion_tokens"] == 8 for x in after)
+    assert asyncio.run(_settled(replicas, survivor, key_tenant="failover",
+                                expected_requests=n + 6,
+                                expected_tokens=sum(x["tokens"] for x in results + after)))
+
+
+async def _settled(r: Replicas, survivor: str, key_tenant: str, expected_requests: int, expected_tokens: int) -> bool:
+    """Nothing leaks: the survivor's pool is whole and idle, no lease is held, usage equals what was sent."""
+    redis = aioredis.Redis.from_url(r.redis_url, decode_responses=True)
+    try:
+        deadline = time.monotonic() + 15
+        while True:
+            stats = await _stats(survivor)
+            leases = [k async for k in redis.scan_iter(f"{PREFIX}:conc:*") if await redis.zcard(k)]
+            day = dt.datetime.now(dt.UTC).strftime("%Y%m%d")
+            usage = await redis.hgetall(f"{PREFIX}:usage:tenant:{key_tenant}:{day}")
+            ok = (stats.num_running == stats.num_waiting == 0 and stats.num_free_blocks == stats.num_total_blocks
+                  and not leases and int(usage.get("requests", 0)) == expected_requests
+                  and int(usage.get("completion_tokens", 0)) == expected_tokens)
+            if ok:
+                return True
+            assert time.monotonic() < deadline, (stats, leases, usage, expected_requests, expected_tokens)
+            await asyncio.sleep(0.3)
+    finally:
+        await redis.aclose()
+
+
+def test_up_with_two_engines_serves_through_both(tmp_path: Path) -> None:
+    """`pageserve up --engines 2`: two engine processes, each joined by the gateway."""
+    folder = tiny_model_with_tokenizer(tmp_path / "tiny")
+    engine_port, port = free_port(), free_port()
+    up = subprocess.Popen([sys.executable, "-m", "ops.cli", "up", "--engines", "2", "--model", str(folder),
+                           "--engine-port", str(engine_port), "--port", str(port),
+                           "--engine-args", "--threads 1 --kv-cache-memory 0.02"],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        assert up.stdout is not None
+        lines: list[str] = []
+        deadline = time.monotonic() + 300
+        while not lines or not lines[-1].startswith("curl "):
+            assert time.monotonic() < deadline and up.poll() is None, "".join(lines)
+            lines.append(up.stdout.readline())
+        key = next(x.strip() for x in lines if x.strip().startswith("ps-"))
+        addresses = [f"tcp://127.0.0.1:{engine_port + i}" for i in range(2)]
+        # Each engine counts the gateway's connection (and this probe's own): the gateway joined both.
+        while not all(asyncio.run(_stats(a)).num_gateways >= 2 for a in addresses):
+            assert time.monotonic() < deadline
+            time.sleep(0.5)
+        r = Replicas(f"http://127.0.0.1:{port}", str(folder), {}, "", tmp_path)
+        for i in range(4):
+            assert completion(r, key, f"{i} different openings make {i} different prefixes", 3)["usage"][
+                "completion_tokens"] == 3
+        assert sum(asyncio.run(_stats(a)).num_finished for a in addresses) == 4
+        up.send_signal(signal.SIGINT)
+        assert up.wait(timeout=60) == 0
+    finally:
+        if up.poll() is None:
+            os.killpg(up.pid, signal.SIGKILL)
+            up.wait()
