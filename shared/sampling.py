@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-
 MAX_LOGPROBS = 20
 """Most alternatives per token a request may ask for (OpenAI's top_logprobs limit)."""
 MAX_LOGIT_BIAS = 300
