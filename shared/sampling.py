@@ -7,11 +7,13 @@ both sides reject the same inputs with the same message.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 MAX_LOGPROBS = 20
 """Most alternatives per token a request may ask for (OpenAI's top_logprobs limit)."""
+DEFAULTABLE_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+"""Fields a server-wide default may fill: those vLLM reads from generation_config.json."""
 MAX_LOGIT_BIAS = 300
 """Most entries in one logit_bias map (OpenAI's own limit)."""
 
@@ -106,6 +108,14 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    def with_defaults(self, defaults: dict[str, float], given: frozenset[str]) -> SamplingParams:
+        """These params with each default (field name -> value, announced by the engine) filled in
+        where the request did not give the field itself: a request's own values always win."""
+        fill: dict[str, Any] = {k: v for k, v in defaults.items() if k not in given and k in DEFAULTABLE_FIELDS}
+        if "top_k" in fill:
+            fill["top_k"] = int(fill["top_k"])
+        return replace(self, **fill) if fill else self
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
