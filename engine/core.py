@@ -26,9 +26,11 @@ from engine.model_loader import DTYPES, load_model
 from engine.model_runner import ModelRunner
 from engine.outputs import RequestDelta
 from engine.request import Request
+from engine.request_checks import RequestRejected
 from engine.sampler import Sampler
 from engine.scheduler import Scheduler, SchedulerStats
 from engine.step_stats import CoreCounts
+from shared.sampling import SamplingError
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,10 @@ class EngineCore:
         """Queue a request (raises RequestRejected when it could never run)."""
         if request.eos_token_id is None:  # ignore_eos is honoured by the scheduler's stop rule
             request.eos_token_id = self.model_info.eos_token_id
+        try:  # a bias on an id the model lacks would fail the whole step in the sampler
+            request.sampling.check_vocabulary(self.model_info.vocab_size)
+        except SamplingError as e:
+            raise RequestRejected(str(e)) from None
         self.scheduler.add_request(request)
 
     def abort_requests(self, request_ids: Iterable[str]) -> list[RequestDelta]:
