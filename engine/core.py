@@ -23,6 +23,7 @@ from pathlib import Path
 from engine.config import EngineConfig
 from engine.outputs import RequestDelta
 from engine.request import Request
+from engine.scheduling.request_checks import RequestRejected
 from engine.scheduling.scheduler import Scheduler, SchedulerStats
 from engine.serving.step_stats import CoreCounts
 from engine.worker.decode_graphs import DecodeGraphs, bucket_sizes
@@ -33,6 +34,7 @@ from engine.worker.model_runner import ModelRunner
 from engine.worker.sampler import Sampler
 from pageserve_kernels.attention_launch import KernelVariant
 from pageserve_kernels.dispatch import select_backend
+from shared.sampling import SamplingError
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,10 @@ class EngineCore:
         """Queue a request (raises RequestRejected when it could never run)."""
         if request.eos_token_id is None:  # ignore_eos is honoured by the scheduler's stop rule
             request.eos_token_id = self.model_info.eos_token_id
+        try:  # a bias on an id the model lacks would fail the whole step in the sampler
+            request.sampling.check_vocabulary(self.model_info.vocab_size)
+        except SamplingError as e:
+            raise RequestRejected(str(e)) from None
         self.scheduler.add_request(request)
 
     def abort_requests(self, request_ids: Iterable[str]) -> list[RequestDelta]:

@@ -19,6 +19,7 @@ from engine.config import CacheConfig, EngineConfig, ModelConfig
 from engine.core import EngineCore, ModelInfo
 from engine.request import Request
 from engine.scheduling.config import SchedulerConfig
+from shared.protocol import TokenLogprob
 from shared.sampling import SamplingParams
 
 Prompt = str | list[int]
@@ -30,6 +31,8 @@ class SampleOutput:
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
     finish_reason: str | None = None
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    """One per token when SamplingParams.logprobs was set (the raw distribution, vLLM's default)."""
 
 
 @dataclass
@@ -157,6 +160,7 @@ class LLM:
                     continue
                 out = r.outputs[d.index]
                 out.token_ids.extend(d.new_token_ids)
+                out.logprobs.extend(d.logprobs)
                 r.num_cached_tokens = d.num_cached_tokens
                 if d.finish_reason is not None:
                     out.finish_reason = d.finish_reason

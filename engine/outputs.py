@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from shared.protocol import TokenLogprob
 from shared.sampling import SamplingParams
 
 
@@ -32,6 +33,10 @@ class ScheduledChunk:
     num_output_tokens: int
     """Tokens generated so far (min_tokens masking, per-request seeded generators)."""
     eos_token_id: int | None = None
+    prompt_token_ids: list[int] = field(default_factory=list)
+    """The request's prompt (by reference, not copied): the repetition penalty reads it."""
+    output_token_ids: list[int] = field(default_factory=list)
+    """Tokens generated so far (by reference): presence, frequency and repetition penalties."""
 
 
 @dataclass(frozen=True)
@@ -66,6 +71,8 @@ class SchedulerOutput:
 class RunnerOutput:
     sampled_token_ids: dict[str, int]
     """request_id -> the token sampled this step, for chunks with sample=True."""
+    logprobs: dict[str, TokenLogprob] = field(default_factory=dict)
+    """request_id -> the sampled token's logprobs, for requests that asked for them."""
 
 
 @dataclass(frozen=True)
@@ -82,6 +89,8 @@ class RequestDelta:
     """None while running; "stop", "length" or "abort" once finished."""
     index: int = 0
     """Which of the request's n samples (the OpenAI choice index)."""
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    """One per new token when the request asked for logprobs."""
 
     @property
     def finished(self) -> bool:

@@ -16,6 +16,7 @@ It knows nothing about HTTP or OpenAI's JSON shapes; it never imports torch.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -25,6 +26,7 @@ from typing import Protocol
 from gateway.detokenizer import IncrementalDetokenizer, Tokenizer
 from gateway.engine_client import EngineDeadError, EngineError, RequestFailedError
 from gateway.errors import APIError, EngineUnavailable, InternalError, InvalidRequest
+from gateway.logprobs import LogprobEntry, TokenTexts
 from gateway.stop_strings import StopStringMatcher
 from gateway.tenancy.admission import Ticket
 from shared.protocol import AddRequest, Finished, TokenDelta
@@ -73,6 +75,9 @@ class ChoiceDelta:
     text: str
     finish_reason: str | None = None
     """"stop" or "length" on the last delta of a choice."""
+    logprobs: list[LogprobEntry] = field(default_factory=list)
+    """The tokens this delta consumed, when the request asked for logprobs (their text may still be
+    held back by a possible stop string: logprobs go out with the token, text when it is final)."""
 
 
 @dataclass
@@ -113,6 +118,7 @@ class Generation:
     _samples: list[_Sample] = field(init=False)
     _stream: TokenStream | None = field(init=False, default=None)
     _closed: bool = field(init=False, default=False)
+    _token_texts: TokenTexts | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.usage = Usage(prompt_tokens=len(self.prompt_token_ids))
@@ -122,6 +128,7 @@ class Generation:
         ]
         if self.ticket is not None:
             self.response_headers.update(self.ticket.headers)
+        self._token_texts = TokenTexts(self.tokenizer, self.sampling.n) if self.sampling.logprobs is not None else None
 
     async def settle(self) -> None:
         """The one place a finished request's usage is recorded (called once, from `close`).
@@ -178,6 +185,15 @@ class Generation:
             raise
 
     def _on_delta(self, sample: _Sample, item: TokenDelta) -> list[ChoiceDelta]:
+        out = self._text_deltas(sample, item)
+        if self._token_texts is None or not item.logprobs:
+            return out
+        entries = self._token_texts.entries(item.index, item.new_token_ids, item.logprobs)
+        if out and out[0].finish_reason is None:
+            return [dataclasses.replace(out[0], logprobs=entries), *out[1:]]
+        return [ChoiceDelta(item.index, "", logprobs=entries), *out]
+
+    def _text_deltas(self, sample: _Sample, item: TokenDelta) -> list[ChoiceDelta]:
         self.usage.cached_tokens = item.num_cached_tokens
         self.usage.completion_tokens += len(item.new_token_ids)
         text = sample.detok.push(item.new_token_ids)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from gateway.generation import Usage
+from gateway.logprobs import LogprobEntry, token_bytes
 
 Endpoint = Literal["chat", "completion"]
 
@@ -50,9 +51,30 @@ class ResponseFormat:
         assert self.endpoint == "chat"
         return self._chunk([self._choice(index, {"role": "assistant", "content": ""}, None)], usage)
 
-    def text_chunk(self, index: int, text: str, usage: Usage | None = None) -> dict[str, Any]:
+    def text_chunk(self, index: int, text: str, usage: Usage | None = None,
+                   logprobs: list[LogprobEntry] | None = None) -> dict[str, Any]:
+        """A text delta; `logprobs` (when the request asked) are the tokens it consumed."""
         content = {"content": text} if self.endpoint == "chat" else text
-        return self._chunk([self._choice(index, content, None)], usage)
+        chunk = self._chunk([self._choice(index, content, None)], usage)
+        if logprobs:
+            chunk["choices"][0]["logprobs"] = self.logprobs_body(logprobs)
+        return chunk
+
+    def logprobs_body(self, entries: list[LogprobEntry]) -> dict[str, Any]:
+        """A choice's `logprobs` object: chat's {"content": [...]}, or completions' parallel lists."""
+        if self.endpoint == "chat":
+            return {"content": [
+                {"token": e.token, "logprob": e.logprob, "bytes": token_bytes(e.token),
+                 "top_logprobs": [{"token": t.token, "logprob": t.logprob, "bytes": token_bytes(t.token)}
+                                  for t in e.top]}
+                for e in entries
+            ]}
+        return {
+            "tokens": [e.token for e in entries],
+            "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": [{t.token: t.logprob for t in e.top} for e in entries],
+            "text_offset": [e.text_offset for e in entries],
+        }
 
     def finish_chunk(self, index: int, finish_reason: str, usage: Usage | None = None) -> dict[str, Any]:
         return self._chunk([self._choice(index, {} if self.endpoint == "chat" else "", finish_reason)], usage)
@@ -81,7 +103,16 @@ class ResponseFormat:
 
     # ------------------------------------------------------------------ whole response
 
-    def response(self, texts: list[str], finish_reasons: list[str], usage: Usage) -> dict[str, Any]:
+    def response(self, texts: list[str], finish_reasons: list[str], usage: Usage,
+                 logprobs: list[list[LogprobEntry]] | None = None) -> dict[str, Any]:
+        """The whole body; `logprobs` per choice when the request asked for them (else null)."""
+        body = self._response(texts, finish_reasons, usage)
+        if logprobs is not None:
+            for choice, entries in zip(body["choices"], logprobs, strict=True):
+                choice["logprobs"] = self.logprobs_body(entries)
+        return body
+
+    def _response(self, texts: list[str], finish_reasons: list[str], usage: Usage) -> dict[str, Any]:
         if self.endpoint == "chat":
             choices = [
                 {

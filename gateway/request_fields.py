@@ -25,11 +25,6 @@ log = logging.getLogger("pageserve.gateway")
 
 REFUSED_UNLESS_NEUTRAL: dict[str, tuple[Any, ...]] = {
     # OpenAI sampling and output options not implemented yet.
-    "frequency_penalty": (0, 0.0),
-    "presence_penalty": (0, 0.0),
-    "logit_bias": ({},),
-    "logprobs": (False,),
-    "top_logprobs": (0,),
     "response_format": ({"type": "text"},),
     "tools": ([],),
     "tool_choice": ("none",),
@@ -43,8 +38,6 @@ REFUSED_UNLESS_NEUTRAL: dict[str, tuple[Any, ...]] = {
     "echo": (False,),
     "best_of": (1,),
     # vLLM's extensions that change the tokens, the prompt or the response body.
-    "repetition_penalty": (1, 1.0),
-    "min_p": (0, 0.0),
     "use_beam_search": (False,),
     "length_penalty": (1, 1.0),
     "watermarking": (False,),

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gateway.errors import InvalidRequest
 from gateway.request_fields import split_fields
-from shared.sampling import SamplingError, SamplingParams
+from shared.sampling import MAX_LOGPROBS, SamplingError, SamplingParams
 
 MAX_STOP_STRINGS = 8
 MAX_STOP_LENGTH = 256
@@ -56,6 +56,12 @@ class _Body(BaseModel):
     min_tokens: Count | None = None
     ignore_eos: bool | None = None
     stop_token_ids: list[TokenId] | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    min_p: float | None = None
+    logit_bias: dict[str, float] | None = None
+    """Token id (as a string, as JSON keys are) -> bias in [-100, 100]."""
 
 
 class StreamOptions(BaseModel):
@@ -83,12 +89,16 @@ class _ChatBody(_Body):
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: Annotated[int, Field(ge=1, le=INT32_MAX)] | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
 
 
 class _CompletionBody(_Body):
     model_config = ConfigDict(title="CompletionRequest")
 
     prompt: str | list[str] | list[TokenId] = Field(min_length=1)
+    logprobs: int | None = None
+    """How many alternatives per token (0-20); the sampled token's logprob comes with any value."""
 
 
 _B = TypeVar("_B", bound=_Body)
@@ -109,6 +119,8 @@ class GenerationSettings:
     """With include_usage: the usage so far in every chunk (stream_options.continuous_usage_stats)."""
     max_param: str = "max_tokens"
     """The body field max_tokens came from ("max_tokens" or "max_completion_tokens"), for errors."""
+    given: frozenset[str] = frozenset()
+    """The SamplingParams fields the body set: the engine's announced defaults fill only the others."""
 
 
 @dataclass(frozen=True)
@@ -130,12 +142,24 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
     messages = flatten_messages(parsed.messages)
     max_tokens = parsed.max_completion_tokens if parsed.max_completion_tokens is not None else parsed.max_tokens
     param = "max_completion_tokens" if parsed.max_completion_tokens is not None else "max_tokens"
-    return ChatRequest(_settings(parsed, max_tokens, param), messages)
+    return ChatRequest(_settings(parsed, max_tokens, param, _chat_logprobs(parsed)), messages)
+
+
+def _chat_logprobs(parsed: _ChatBody) -> int | None:
+    """Chat's pair (logprobs: bool, top_logprobs: int) as the number of alternatives, or None."""
+    if parsed.top_logprobs is not None:
+        if not parsed.logprobs:
+            raise InvalidRequest("top_logprobs requires logprobs to be true", param="top_logprobs")
+        if not 0 <= parsed.top_logprobs <= MAX_LOGPROBS:
+            raise InvalidRequest(f"top_logprobs must be between 0 and {MAX_LOGPROBS}", param="top_logprobs",
+                                 code="invalid_value")
+    return (parsed.top_logprobs or 0) if parsed.logprobs else None
 
 
 def parse_completion(body: dict[str, Any]) -> CompletionRequest:
     parsed = _validate(_CompletionBody, body, "completion")
-    return CompletionRequest(_settings(parsed, parsed.max_tokens, "max_tokens"), _one_prompt(parsed.prompt))
+    settings = _settings(parsed, parsed.max_tokens, "max_tokens", parsed.logprobs)
+    return CompletionRequest(settings, _one_prompt(parsed.prompt))
 
 
 def _one_prompt(prompt: str | list[str] | list[int]) -> str | list[int]:
@@ -190,7 +214,7 @@ def _param_name(loc: tuple[int | str, ...]) -> str:
     return (out or "body")[:128]  # a nested key is the client's text: bounded
 
 
-def _settings(parsed: _Body, max_tokens: int | None, max_param: str) -> GenerationSettings:
+def _settings(parsed: _Body, max_tokens: int | None, max_param: str, logprobs: int | None) -> GenerationSettings:
     stop = _stop_strings(parsed.stop)
     if parsed.stream_options is not None and not parsed.stream:
         raise InvalidRequest("stream_options is only allowed when stream is true", param="stream_options")
@@ -204,11 +228,19 @@ def _settings(parsed: _Body, max_tokens: int | None, max_param: str) -> Generati
             "seed": parsed.seed,
             "min_tokens": parsed.min_tokens,
             "ignore_eos": parsed.ignore_eos,
+            "presence_penalty": parsed.presence_penalty,
+            "frequency_penalty": parsed.frequency_penalty,
+            "repetition_penalty": parsed.repetition_penalty,
+            "min_p": parsed.min_p,
+            "logprobs": logprobs,
         }.items()
         if v is not None
     }
     if parsed.stop_token_ids is not None:
         fields["stop_token_ids"] = tuple(parsed.stop_token_ids)
+    if parsed.logit_bias is not None:
+        fields["logit_bias"] = _logit_bias(parsed.logit_bias)
+    given = frozenset(fields)
     # Until the handler knows the room left in the context, a large placeholder keeps
     # min_tokens validation honest; the handler replaces it.
     fields["max_tokens"] = max_tokens if max_tokens is not None else max(1, fields.get("min_tokens", 1))
@@ -227,7 +259,16 @@ def _settings(parsed: _Body, max_tokens: int | None, max_param: str) -> Generati
         continuous_usage=bool(parsed.stream_options and parsed.stream_options.include_usage
                               and parsed.stream_options.continuous_usage_stats),
         max_param=max_param,
+        given=given,
     )
+
+
+def _logit_bias(bias: dict[str, float]) -> tuple[tuple[int, float], ...]:
+    try:
+        return tuple((int(token_id), value) for token_id, value in bias.items())
+    except ValueError:
+        raise InvalidRequest("logit_bias keys must be token ids (integers as strings)", param="logit_bias",
+                             code="invalid_value") from None
 
 
 def _stop_strings(stop: str | list[str] | None) -> tuple[str, ...]:

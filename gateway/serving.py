@@ -22,14 +22,16 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.auth import admit
-from gateway.errors import APIError, InternalError
+from gateway.errors import APIError, InternalError, InvalidRequest
 from gateway.generation import Generation, check_context
+from gateway.logprobs import LogprobEntry
 from gateway.openai_format import Endpoint, ResponseFormat, new_request_id
 from gateway.schemas import GenerationSettings
 from gateway.sse import DONE, SSEResponse, sse_event
 from gateway.state import EngineHandle, GatewayState
 from gateway.tenancy.admission import Admission
-from shared.sampling import SamplingParams
+from shared.protocol import Ready
+from shared.sampling import SamplingError, SamplingParams
 
 log = logging.getLogger("pageserve.gateway")
 
@@ -66,7 +68,20 @@ def plan(state: GatewayState, endpoint: Endpoint, settings: GenerationSettings, 
         default = room if endpoint == "chat" else min(room, state.config.completion_default_max_tokens)
         sampling = dataclasses.replace(sampling, max_tokens=max(default, sampling.min_tokens))
     check_context(len(prompt.token_ids), sampling.max_tokens, info.max_model_len, prompt.param, settings.max_param)
+    sampling = _with_engine_defaults(sampling, settings, info)
     return Plan(endpoint, settings, prompt, sampling, engine)
+
+
+def _with_engine_defaults(sampling: SamplingParams, settings: GenerationSettings, info: Ready) -> SamplingParams:
+    """The engine's announced defaults (the model's generation_config.json, or --default-sampling) for the
+    fields the body left out; then the ids the request names checked against the vocabulary."""
+    sampling = sampling.with_defaults({d.name: d.value for d in info.default_sampling}, settings.given)
+    if info.vocab_size:
+        try:
+            sampling.check_vocabulary(info.vocab_size)
+        except SamplingError as e:
+            raise InvalidRequest(str(e), param=e.param, code="invalid_value") from None
+    return sampling
 
 
 def reservation(plan: Plan, admission: Admission | None) -> int:
@@ -143,8 +158,8 @@ async def _stream_events(gen: Generation, fmt: ResponseFormat) -> AsyncIterator[
             if fmt.endpoint == "chat" and delta.index not in announced:
                 announced.add(delta.index)
                 yield sse_event(fmt.role_chunk(delta.index, gen.usage))
-            if delta.text:
-                yield sse_event(fmt.text_chunk(delta.index, delta.text, gen.usage))
+            if delta.text or delta.logprobs:
+                yield sse_event(fmt.text_chunk(delta.index, delta.text, gen.usage, delta.logprobs))
             if delta.finish_reason is not None:
                 yield sse_event(fmt.finish_chunk(delta.index, delta.finish_reason, gen.usage))
     except APIError as e:
@@ -163,6 +178,7 @@ async def _stream_events(gen: Generation, fmt: ResponseFormat) -> AsyncIterator[
 async def _whole_response(request: Request, gen: Generation, fmt: ResponseFormat) -> Response:
     n = gen.sampling.n
     texts: list[list[str]] = [[] for _ in range(n)]
+    logprobs: list[list[LogprobEntry]] = [[] for _ in range(n)]
     reasons: list[str] = ["length"] * n
     disconnected = False
     failure: APIError | None = None
@@ -174,6 +190,7 @@ async def _whole_response(request: Request, gen: Generation, fmt: ResponseFormat
             try:
                 async for delta in gen.deltas():
                     texts[delta.index].append(delta.text)
+                    logprobs[delta.index] += delta.logprobs
                     if delta.finish_reason is not None:
                         reasons[delta.index] = delta.finish_reason
             except APIError as e:  # raised out of the task group it would arrive as an ExceptionGroup
@@ -195,5 +212,6 @@ async def _whole_response(request: Request, gen: Generation, fmt: ResponseFormat
     if disconnected:
         log.info("client of %s went away; aborting it", gen.request_id)
         return Response(status_code=499)  # nobody reads it; the finally aborts the engine request
-    body = fmt.response(["".join(t) for t in texts], reasons, gen.usage)
+    body = fmt.response(["".join(t) for t in texts], reasons, gen.usage,
+                        logprobs if gen.sampling.logprobs is not None else None)
     return JSONResponse(body, headers=gen.response_headers)

@@ -30,7 +30,7 @@ This module imports neither torch nor engine/ nor gateway/.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 from shared.sampling import SamplingParams
@@ -58,6 +58,14 @@ class Hello:
 
 
 @dataclass(frozen=True)
+class SamplingDefault:
+    """One default sampling value (nested in Ready): a SamplingParams field name and its value."""
+
+    name: str
+    value: float
+
+
+@dataclass(frozen=True)
 class Ready:
     """The engine's answer to Hello: what the gateway needs to validate requests."""
 
@@ -70,6 +78,11 @@ class Ready:
     eos_token_id: int | None
     num_blocks: int
     """KV cache blocks in the device pool (Stats.num_free_blocks counts down from it)."""
+    vocab_size: int = 0
+    """Token ids must be below this (logit_bias is checked against it); 0: unknown (an older engine)."""
+    default_sampling: list[SamplingDefault] = field(default_factory=list)
+    """Sampling values for fields a request leaves out: the model's generation_config.json,
+    overridden by the engine's --default-sampling flag. The gateway fills them in."""
 
 
 @dataclass(frozen=True)
@@ -99,6 +112,17 @@ class Abort:
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """A sampled token's log probability and the most likely alternatives (nested in TokenDelta),
+    from the raw model output (vLLM V1's default): before temperature, penalties and bias."""
+
+    logprob: float
+    top_token_ids: list[int]
+    """The request's `logprobs` most likely token ids, most likely first."""
+    top_logprobs: list[float]
+
+
+@dataclass(frozen=True)
 class TokenDelta:
     """New tokens of one sample of one request in one step (nested in StepOutputs)."""
 
@@ -111,6 +135,8 @@ class TokenDelta:
     num_output_tokens: int
     """Cumulative, including new_token_ids."""
     num_cached_tokens: int
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    """One per new token when the request asked for logprobs, else empty."""
 
 
 @dataclass(frozen=True)
@@ -201,7 +227,7 @@ _CODEC = Codec(_TOP_LEVEL)
 
 __all__ = [
     "PROTOCOL_VERSION", "SHUTTING_DOWN", "ErrorKind", "FinishReason", "Message", "ProtocolError", "decode", "encode",
-    "Hello", "Ready", "AddRequest", "Abort", "StepOutputs", "TokenDelta", "Finished", "Usage",
+    "Hello", "Ready", "SamplingDefault", "AddRequest", "Abort", "StepOutputs", "TokenDelta", "TokenLogprob", "Finished", "Usage",
     "Error", "GetStats", "Stats", "Bye",
 ]
 

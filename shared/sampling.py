@@ -7,8 +7,15 @@ both sides reject the same inputs with the same message.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
+
+MAX_LOGPROBS = 20
+"""Most alternatives per token a request may ask for (OpenAI's top_logprobs limit)."""
+DEFAULTABLE_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+"""Fields a server-wide default may fill: those vLLM reads from generation_config.json."""
+MAX_LOGIT_BIAS = 300
+"""Most entries in one logit_bias map (OpenAI's own limit)."""
 
 
 class SamplingError(ValueError):
@@ -35,6 +42,21 @@ class SamplingParams:
     """EOS and stop token ids are masked until this many tokens were generated."""
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
     ignore_eos: bool = False
+    presence_penalty: float = 0.0
+    """OpenAI's: subtracted once from the logit of every token already generated (-2 to 2)."""
+    frequency_penalty: float = 0.0
+    """OpenAI's: subtracted from a token's logit once per time it was generated (-2 to 2)."""
+    repetition_penalty: float = 1.0
+    """transformers'/vLLM's multiplicative one over prompt and output tokens: a positive logit
+    is divided by it, a negative one multiplied (1 is off)."""
+    min_p: float = 0.0
+    """Drop tokens whose probability is below min_p times the most likely one's (0 is off)."""
+    logit_bias: tuple[tuple[int, float], ...] = field(default_factory=tuple)
+    """(token id, bias in [-100, 100]) pairs added to the logits; ids are checked against the
+    vocabulary where it is known (the gateway's plan, the engine's admission)."""
+    logprobs: int | None = None
+    """None: no log probabilities. k >= 0: the sampled token's and the k most likely tokens'
+    (at most MAX_LOGPROBS), of the raw model output (vLLM V1's default `raw_logprobs`)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.n, int) or not 1 <= self.n <= 16:
@@ -51,14 +73,59 @@ class SamplingParams:
             raise SamplingError("min_tokens", "min_tokens must be between 0 and max_tokens")
         if self.seed is not None and not isinstance(self.seed, int):
             raise SamplingError("seed", "seed must be an integer")
+        self._check_penalties()
+        if self.logprobs is not None and not (isinstance(self.logprobs, int) and 0 <= self.logprobs <= MAX_LOGPROBS):
+            raise SamplingError("logprobs", f"logprobs must be an integer between 0 and {MAX_LOGPROBS}")
+
+    def _check_penalties(self) -> None:
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise SamplingError(name, f"{name} must be between -2 and 2")
+        if not 0.0 < self.repetition_penalty <= 2.0:
+            raise SamplingError("repetition_penalty", "repetition_penalty must be in (0, 2]")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise SamplingError("min_p", "min_p must be between 0 and 1")
+        if len(self.logit_bias) > MAX_LOGIT_BIAS:
+            raise SamplingError("logit_bias", f"logit_bias may hold at most {MAX_LOGIT_BIAS} tokens")
+        for token_id, bias in self.logit_bias:
+            if not isinstance(token_id, int) or token_id < 0:
+                raise SamplingError("logit_bias", f"logit_bias keys must be token ids (non-negative), got {token_id}")
+            if not -100.0 <= bias <= 100.0:
+                raise SamplingError("logit_bias", f"logit_bias values must be between -100 and 100, got {bias}")
+
+    def check_vocabulary(self, vocab_size: int) -> None:
+        """Token ids this request names must exist in the model's vocabulary."""
+        bad = [t for t, _ in self.logit_bias if t >= vocab_size]
+        if bad:
+            raise SamplingError("logit_bias", f"logit_bias names token id {bad[0]}; the vocabulary has "
+                                              f"{vocab_size} tokens (ids 0 to {vocab_size - 1})")
+
+    @property
+    def uses_penalties(self) -> bool:
+        """Any of presence, frequency or repetition penalty is active (the sampler needs past tokens)."""
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
+    def with_defaults(self, defaults: dict[str, float], given: frozenset[str]) -> SamplingParams:
+        """These params with each default (field name -> value, announced by the engine) filled in
+        where the request did not give the field itself: a request's own values always win."""
+        fill: dict[str, Any] = {k: v for k, v in defaults.items() if k not in given and k in DEFAULTABLE_FIELDS}
+        if "top_k" in fill:
+            fill["top_k"] = int(fill["top_k"])
+        return replace(self, **fill) if fill else self
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["stop_token_ids"] = list(self.stop_token_ids)
+        d["logit_bias"] = [[t, b] for t, b in self.logit_bias]
+        # Fields added after the first protocol travel only when set: a request that uses none
+        # encodes to the same bytes as before (older peers, golden bytes, smaller frames).
+        for name in _OPTIONAL_ON_WIRE:
+            if d[name] == _DEFAULTS[name]:
+                del d[name]
         return d
 
     @classmethod
@@ -66,4 +133,14 @@ class SamplingParams:
         known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
         if "stop_token_ids" in known:
             known["stop_token_ids"] = tuple(known["stop_token_ids"])
+        if "logit_bias" in known:
+            known["logit_bias"] = tuple((t, b) for t, b in known["logit_bias"])
         return cls(**known)
+
+
+_DEFAULTS: dict[str, Any] = {
+    "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0, "min_p": 0.0,
+    "logit_bias": [], "logprobs": None,
+}
+"""The wire form of the fields `to_dict` leaves out at these values."""
+_OPTIONAL_ON_WIRE = tuple(_DEFAULTS)

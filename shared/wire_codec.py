@@ -114,6 +114,8 @@ def _compile(tp: Any) -> tuple[Check, Encode]:
         inner, enc = _compile(next(a for a in args if a is not type(None)))
         return (lambda v: None if v is None else inner(v)), (None if enc is None else
                                                               lambda v: None if v is None else enc(v))
+    if origin is tuple and len(args) > 1 and args[1] is not Ellipsis:
+        return _fixed_tuple_codec(args)
     if origin in (list, tuple):
         item, item_enc = _compile(args[0])
         list_enc: Encode = None if item_enc is None else (lambda v: [item_enc(x) for x in v])
@@ -124,6 +126,24 @@ def _compile(tp: Any) -> tuple[Check, Encode]:
         fields = _fields_of(tp)
         return (lambda v: _decode_fields(tp, fields, v)), (lambda v: _encode_fields(fields, v))
     raise TypeError(f"wire codec: no codec for {tp!r}")  # a programming error, caught at import
+
+
+def _fixed_tuple_codec(args: tuple[Any, ...]) -> tuple[Check, Encode]:
+    """tuple[int, float]: an array of exactly those items (a logit_bias entry)."""
+    parts = [_compile(a) for a in args]
+
+    def check(value: Any) -> tuple[Any, ...]:
+        if type(value) is not list or len(value) != len(parts):
+            raise _expected(f"array of {len(parts)}", value)
+        out = []
+        for i, ((item, _), x) in enumerate(zip(parts, value, strict=True)):
+            try:
+                out.append(item(x))
+            except _Bad as e:
+                raise e.at(f"[{i}]") from None
+        return tuple(out)
+
+    return check, list
 
 
 _SAMPLING_CHECKS: dict[str, Check] = {}

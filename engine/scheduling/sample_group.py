@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from engine.outputs import RequestDelta
 from engine.request import Request
+from shared.protocol import TokenLogprob
 
 
 @dataclass(eq=False)
@@ -77,7 +78,9 @@ def split_samples(req: Request) -> SampleGroup:
     return SampleGroup(req.request_id, samples, pending=samples[1:])
 
 
-def make_delta(req: Request, new_tokens: list[int], group: SampleGroup, index: int) -> RequestDelta:
+def make_delta(
+    req: Request, new_tokens: list[int], group: SampleGroup, index: int, logprobs: list[TokenLogprob] | None = None
+) -> RequestDelta:
     """A sample's step result under its client-visible id and choice index."""
     return RequestDelta(
         request_id=group.client_id,
@@ -87,4 +90,5 @@ def make_delta(req: Request, new_tokens: list[int], group: SampleGroup, index: i
         num_cached_tokens=req.num_cached_tokens,
         finish_reason=req.status.value if req.status.finished else None,
         index=index,
+        logprobs=logprobs or [],
     )

@@ -142,7 +142,8 @@ class Scheduler:
             status = finish_status(req, self.config.max_model_len)
             if status is not None:
                 self._finish(req, status)
-            deltas.append(make_delta(req, [token], state.group, state.index))
+            logprob = runner_output.logprobs.get(chunk.request_id)
+            deltas.append(make_delta(req, [token], state.group, state.index, None if logprob is None else [logprob]))
         return deltas
 
     def _schedule_running(self, step: StepBuilder) -> bool:

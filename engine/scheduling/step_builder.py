@@ -42,6 +42,8 @@ class StepBuilder:
                 sampling=req.sampling,
                 num_output_tokens=req.num_output_tokens,
                 eos_token_id=req.eos_token_id,
+                prompt_token_ids=req.prompt_token_ids,
+                output_token_ids=req.output_token_ids,
             )
         )
         self.copies += copies

@@ -16,6 +16,7 @@ from engine.config import CacheConfig, EngineConfig, GiB, ModelConfig
 from engine.core import EngineCore
 from engine.scheduling.config import SchedulerConfig
 from engine.serving.server import EngineInfo
+from engine.worker.sampling_defaults import resolve_sampling_defaults
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
@@ -47,5 +48,6 @@ def build_core(args: argparse.Namespace) -> tuple[EngineCore, EngineInfo]:
     info = EngineInfo(
         model_name=m.name, max_model_len=m.max_model_len, block_size=m.block_size,
         eos_token_id=m.eos_token_id, num_blocks=m.num_device_blocks, vocab_size=m.vocab_size,
+        default_sampling=resolve_sampling_defaults(m.path, m.name, getattr(args, "default_sampling", None)),
     )
     return core, info

@@ -34,7 +34,7 @@ import socket
 import sys
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import zmq
@@ -56,10 +56,12 @@ from shared.protocol import (
     Message,
     ProtocolError,
     Ready,
+    SamplingDefault,
     StepOutputs,
     decode,
     encode,
 )
+from shared.sampling import SamplingError
 
 log = logging.getLogger("pageserve.engine")
 
@@ -91,6 +93,8 @@ class EngineInfo:
     eos_token_id: int | None
     num_blocks: int
     vocab_size: int
+    default_sampling: dict[str, float] = field(default_factory=dict)
+    """Sampling values for fields a request leaves out (engine/worker/sampling_defaults.py)."""
 
 
 @dataclass(frozen=True)
@@ -251,7 +255,8 @@ class EngineServer:
         log.info("gateway %s connected", hello.gateway_id)
         i = self.info
         self._send(gateway, Ready(PROTOCOL_VERSION, i.model_name, i.max_model_len, i.block_size,
-                                  i.eos_token_id, i.num_blocks))
+                                  i.eos_token_id, i.num_blocks, i.vocab_size,
+                                  [SamplingDefault(k, v) for k, v in i.default_sampling.items()]))
 
     def _on_add(self, gateway: bytes, add: AddRequest) -> None:
         if self._stop_deadline is not None:
@@ -287,6 +292,10 @@ class EngineServer:
         vocab = self.info.vocab_size
         if min(add.prompt_token_ids) < 0 or max(add.prompt_token_ids) >= vocab:
             return f"prompt token ids must be in [0, {vocab})"
+        try:
+            add.sampling.check_vocabulary(vocab)
+        except SamplingError as e:
+            return str(e)
         return None
 
     def _on_abort(self, gateway: bytes, request_ids: list[str]) -> None:
@@ -367,6 +376,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shutdown-grace", type=float, default=5.0, help="seconds in-flight requests get on SIGTERM")
     p.add_argument("--log-level", default="INFO")
     add_announce_args(p)
+    p.add_argument("--default-sampling", default=None, metavar="JSON",
+                   help="sampling defaults for fields a request leaves out, over the model's generation_config.json,"
+                        " e.g. '{\"temperature\": 0.7, \"top_p\": 0.9}'")
     return p
 
 

@@ -67,5 +67,7 @@ class ModelRunner:
             if not inputs.sampled:
                 return RunnerOutput({})
             logits = self.model.compute_logits(hidden[inputs.logits_indices])  # (N, V) float32
-            tokens = self.sampler.sample(logits, inputs.sampled)
-        return RunnerOutput({c.request_id: t for c, t in zip(inputs.sampled, tokens, strict=True)})
+            sampled = self.sampler.sample_with_logprobs(logits, inputs.sampled)
+        ids = [c.request_id for c in inputs.sampled]
+        return RunnerOutput(dict(zip(ids, sampled.token_ids, strict=True)),
+                            {ids[row]: lp for row, lp in sampled.logprobs.items()})

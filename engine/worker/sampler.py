@@ -1,15 +1,24 @@
-"""Next-token choice per request: greedy, temperature, top-k, top-p, seeds, min_tokens.
+"""Next-token choice per request: penalties, bias, greedy, temperature, min_p, top-k, top-p, seeds.
 
 Input: logits (N, V) float32 of the sampled rows only, and per row the chunk
-that asked for it (its SamplingParams, how many tokens it has generated, its EOS).
+that asked for it (its SamplingParams, its prompt and output ids, its EOS).
+One step, in vLLM V1's order, every transform over only the rows that use it
+(engine/worker/logits_processors.py):
 
-    1. min_tokens: rows that have generated fewer than min_tokens get EOS and
-       their stop ids masked to -inf (they cannot stop yet).
-    2. greedy rows (temperature 0): one argmax over all of them at once
-       (pageserve_kernels/fused_ops.py `argmax_rows`: torch.argmax's result, faster).
-    3. random rows: logits / temperature, then top-k and top-p filtering on one
-       descending sort (only when a row asks for either), then one draw each
-       from the request's own torch.Generator.
+    0. the `processors` given at construction (a grammar's bitmask: the one place
+       where per-row masks from outside the sampler enter), in order, in place
+    1. raw logprobs of the rows that asked for them (engine/worker/logprobs.py)
+    2. min_tokens mask, logit_bias, then repetition, frequency and presence penalties
+    3. greedy rows (temperature 0): one argmax over all of them at once
+    4. random rows: temperature, min_p, top-k/top-p, then argmax(p / noise) with
+       noise ~ Exp(1) drawn from the request's own generator: a draw from Categorical(p)
+
+Device rules (a CUDA step must never mix devices or wait per row): every tensor
+is created on the logits' device, the generators live there too, and
+`sample_on_device` never reads a value back: the token ids (and logprobs) are
+copied to the host once, by `sample`. tests/engine/worker/test_sampler_device.py runs
+the device part on PyTorch's `meta` device, which refuses mixed devices as CUDA
+does and has no values to read back.
 
 Every request owns a generator, keyed by its request_id, seeded from its seed
 (or from the engine seed and a counter when it gives none) and advanced only by
@@ -20,34 +29,80 @@ This module knows nothing about tokenizers or the KV cache.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import random
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import torch
 
 from engine.outputs import ScheduledChunk
+from engine.worker.logits_processors import (
+    BatchLogitsProcessor,
+    apply_logit_bias,
+    apply_min_p,
+    apply_penalties,
+    apply_temperature,
+    apply_top_k_top_p,
+    mask_min_tokens,
+)
+from engine.worker.logprobs import PickedLogprobs, pick, take_raw
 from pageserve_kernels.fused_ops import argmax_rows
+from shared.protocol import TokenLogprob
+
+
+@dataclass(frozen=True)
+class DeviceSample:
+    tokens: torch.Tensor
+    """(N,) int64 on the logits' device."""
+    logprobs: PickedLogprobs | None
+    """The asking rows' logprobs, still on the device; None when no row asked."""
+
+
+@dataclass(frozen=True)
+class SamplerOutput:
+    token_ids: list[int]
+    logprobs: dict[int, TokenLogprob]
+    """Batch position -> logprobs, for the rows that asked."""
 
 
 class Sampler:
-    def __init__(self, seed: int = 0) -> None:
-        self._generators: dict[str, torch.Generator] = {}
-        self._seeder = torch.Generator().manual_seed(seed)
+    def __init__(self, seed: int = 0, processors: Sequence[BatchLogitsProcessor] = ()) -> None:
+        self.processors: list[BatchLogitsProcessor] = list(processors)
+        """Applied first, in order, to every step's logits (structured outputs' bitmask goes here)."""
+        self._generators: dict[str, torch.Generator | None] = {}
+        self._seeder = random.Random(seed)
+        """Seeds for requests that give none: plain Python, so no tensor is made off the logits' device."""
 
     def sample(self, logits: torch.Tensor, rows: list[ScheduledChunk]) -> list[int]:
         """logits (N, V) float32, one row per chunk -> N token ids."""
+        return self.sample_with_logprobs(logits, rows).token_ids
+
+    def sample_with_logprobs(self, logits: torch.Tensor, rows: list[ScheduledChunk]) -> SamplerOutput:
+        out = self.sample_on_device(logits, rows)
+        tokens = out.tokens.tolist()  # the step's one read-back (plus one per logprobs tensor)
+        return SamplerOutput(tokens, {} if out.logprobs is None else out.logprobs.to_host())
+
+    def sample_on_device(self, logits: torch.Tensor, rows: list[ScheduledChunk]) -> DeviceSample:
+        """Everything on the logits' device, with no read-back; `logits` is changed in place."""
         assert logits.shape[0] == len(rows)
-        self._mask_min_tokens(logits, rows)
-        tokens = [0] * len(rows)
+        for processor in self.processors:
+            processor(logits, rows)
+        raw = take_raw(logits, rows)
+        mask_min_tokens(logits, rows)
+        apply_logit_bias(logits, rows)
+        apply_penalties(logits, rows)
         greedy = [i for i, c in enumerate(rows) if c.sampling.greedy]
-        if greedy:
-            picked = argmax_rows(logits[greedy] if len(greedy) < len(rows) else logits).tolist()
-            for i, t in zip(greedy, picked, strict=True):
-                tokens[i] = t
         random = [i for i, c in enumerate(rows) if not c.sampling.greedy]
-        if random:
-            for i, t in zip(random, self._sample_random(logits[random], [rows[i] for i in random]), strict=True):
-                tokens[i] = t
-        return tokens
+        if not random:
+            tokens = argmax_rows(logits)
+        elif not greedy:
+            tokens = self._sample_random(logits, rows)
+        else:
+            tokens = torch.empty(len(rows), dtype=torch.long, device=logits.device)
+            g, r = (torch.tensor(ix, dtype=torch.long, device=logits.device) for ix in (greedy, random))
+            tokens[g] = argmax_rows(logits[g])
+            tokens[r] = self._sample_random(logits[r], [rows[i] for i in random])
+        return DeviceSample(tokens, None if raw is None else pick(raw, tokens))
 
     def forget(self, request_ids: Iterable[str]) -> None:
         """Drop finished requests' generators."""
@@ -58,52 +113,22 @@ class Sampler:
     def num_generators(self) -> int:
         return len(self._generators)
 
-    def _mask_min_tokens(self, logits: torch.Tensor, rows: list[ScheduledChunk]) -> None:
-        for i, c in enumerate(rows):
-            if c.num_output_tokens < c.sampling.min_tokens:
-                banned = list(c.sampling.stop_token_ids)
-                if c.eos_token_id is not None:
-                    banned.append(c.eos_token_id)
-                if banned:
-                    logits[i, banned] = float("-inf")
-
-    def _sample_random(self, logits: torch.Tensor, rows: list[ScheduledChunk]) -> list[int]:
-        """logits (R, V) of rows that sample at temperature > 0."""
-        temps = torch.tensor([c.sampling.temperature for c in rows], dtype=logits.dtype)
-        logits = logits / temps[:, None]
-        vocab = logits.shape[1]
-        if any(0 < c.sampling.top_k < vocab or c.sampling.top_p < 1.0 for c in rows):
-            ordered, order = logits.sort(dim=-1, descending=True)  # (R, V) each
-            # Back to vocabulary order, so a row's draw never depends on its neighbours' filters.
-            logits = torch.empty_like(logits).scatter_(1, order, _filter_sorted(ordered, rows))
+    def _sample_random(self, logits: torch.Tensor, rows: list[ScheduledChunk]) -> torch.Tensor:
+        """logits (R, V) of rows that sample at temperature > 0 -> (R,) token ids on the device."""
+        logits = apply_top_k_top_p(apply_min_p(apply_temperature(logits, rows), rows), rows)
         probs = torch.softmax(logits, dim=-1)  # (R, V)
-        out = []
+        noise = torch.empty_like(probs)
         for r, c in enumerate(rows):
-            noise = torch.empty(vocab).exponential_(generator=self._generator(c))
-            out.append(int((probs[r] / noise).argmax()))  # argmax p / Exp(1) draws from Categorical(p)
-        return out
+            noise[r].exponential_(generator=self._generator(c, logits.device))
+        return (probs / noise).argmax(dim=-1)  # argmax p / Exp(1) draws from Categorical(p)
 
-    def _generator(self, chunk: ScheduledChunk) -> torch.Generator:
-        gen = self._generators.get(chunk.request_id)
-        if gen is None:
+    def _generator(self, chunk: ScheduledChunk, device: torch.device) -> torch.Generator | None:
+        if chunk.request_id not in self._generators:
             seed = chunk.sampling.seed
             if seed is None:
-                seed = int(torch.randint(0, 2**62, (1,), generator=self._seeder))
-            gen = torch.Generator().manual_seed(seed)
-            self._generators[chunk.request_id] = gen
-        return gen
-
-
-def _filter_sorted(logits: torch.Tensor, rows: list[ScheduledChunk]) -> torch.Tensor:
-    """Top-k then top-p on logits sorted in descending order (R, V); removed entries become -inf."""
-    vocab = logits.shape[1]
-    ks = torch.tensor([c.sampling.top_k if 0 < c.sampling.top_k < vocab else vocab for c in rows])
-    ranks = torch.arange(vocab)[None, :]  # (1, V)
-    logits = logits.masked_fill(ranks >= ks[:, None], float("-inf"))
-    top_p = torch.tensor([c.sampling.top_p for c in rows], dtype=logits.dtype)
-    if bool((top_p < 1.0).any()):
-        probs = torch.softmax(logits, dim=-1)
-        mass_before = probs.cumsum(dim=-1) - probs  # probability of strictly better tokens
-        # Keep the smallest prefix whose mass reaches top_p; the first token always stays.
-        logits = logits.masked_fill(mass_before >= top_p[:, None], float("-inf"))
-    return logits
+                seed = self._seeder.getrandbits(62)
+            # The meta device (shape-only test runs) has no generators; its draws have no values anyway.
+            self._generators[chunk.request_id] = (
+                None if device.type == "meta" else torch.Generator(device=device).manual_seed(seed)
+            )
+        return self._generators[chunk.request_id]

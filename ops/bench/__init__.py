@@ -11,6 +11,7 @@ BENCHMARKS = {
     "admission": "ops.bench.admission",
     "streaming": "ops.bench.streaming",
     "replicas": "ops.bench.replicas",
+    "sampler": "ops.bench.sampler",
 }
 
 

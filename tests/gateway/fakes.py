@@ -14,10 +14,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gateway.engine_client import EngineDeadError
-from shared.protocol import AddRequest, Finished, Ready, Stats, TokenDelta, Usage
+from shared.protocol import AddRequest, Finished, Ready, Stats, TokenDelta, TokenLogprob, Usage
 
 MODEL_INFO = Ready(protocol_version=1, model_name="smollm2", max_model_len=256, block_size=16,
-                   eos_token_id=2, num_blocks=64)
+                   eos_token_id=2, num_blocks=64, vocab_size=49152)
+
+
+def _logprobs(request: AddRequest, token: int) -> list[TokenLogprob]:
+    """Made-up but well-formed logprobs when asked: the token itself best, then the next ids."""
+    k = request.sampling.logprobs
+    if k is None:
+        return []
+    return [TokenLogprob(-0.25, [token + i for i in range(k)], [-0.25 - i for i in range(k)])]
 
 
 @dataclass
@@ -47,7 +55,7 @@ class FakeStream:
             for index, tokens in enumerate(script.samples):
                 if step < len(tokens):
                     self._queue.put_nowait(TokenDelta(request.request_id, index, [tokens[step]], n_prompt,
-                                                      step + 1, 0))
+                                                      step + 1, 0, _logprobs(request, tokens[step])))
         if script.fail is not None:
             self._queue.put_nowait(script.fail)
             return

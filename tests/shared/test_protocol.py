@@ -21,9 +21,11 @@ from shared.protocol import (
     Message,
     ProtocolError,
     Ready,
+    SamplingDefault,
     Stats,
     StepOutputs,
     TokenDelta,
+    TokenLogprob,
     Usage,
     decode,
     encode,
@@ -50,7 +52,7 @@ SAMPLES: dict[str, Message] = {
 # Frozen: a change here breaks every deployed peer. Append fields instead (with defaults).
 GOLDEN_HEX = {
     "Hello": "930101a467772d31",
-    "Ready": "970201a7736d6f6c6c6d32cd20001002cd03e8",
+    "Ready": "990201a7736d6f6c6c6d32cd20001002cd03e80090",
     "AddRequest": (
         "9903a57265712d31930102cd012c89a16e01ab74656d7065726174757265cb0000000000000000a5746f705f70"
         "cb3ff0000000000000a5746f705f6b00a473656564c0aa6d61785f746f6b656e7308aa6d696e5f746f6b656e73"
@@ -58,7 +60,7 @@ GOLDEN_HEX = {
         "cb4000000000000000a173"
     ),
     "Abort": "920492a161a162",
-    "StepOutputs": "94059196a57265712d3100922ace000111700302009194a57265712d3100a66c656e6774689303020009",
+    "StepOutputs": "94059197a57265712d3100922ace00011170030200909194a57265712d3100a66c656e6774689303020009",
     "Error": "9506a57265712d31a772657175657374af70726f6d707420746f6f206c6f6e67a0",
     "GetStats": "9107",
     "Stats": "9f080102035a640405060708cb400400000000000001cb0000000000000000cb0000000000000000",
@@ -69,6 +71,31 @@ GOLDEN_HEX = {
 OLDER_PEER_HEX = {
     "Error": "9406a57265712d31a772657175657374af70726f6d707420746f6f206c6f6e67",  # before code
     "Stats": "9d080102035a640405060708cb400400000000000001",  # before step_seconds, loop_seconds
+    "Ready": "970201a7736d6f6c6c6d32cd20001002cd03e8",  # before vocab_size, default_sampling
+    "StepOutputs": "94059196a57265712d3100922ace000111700302009194a57265712d3100a66c656e6774689303020009",
+    # ^ its TokenDelta before logprobs
+}
+
+# Messages using the fields appended for sampling features (logprobs, penalties, defaults), frozen too.
+# A request that uses none of the new sampling fields encodes exactly as before (AddRequest above).
+EXTENDED: dict[str, tuple[Message, str]] = {
+    "Ready": (
+        Ready(1, "smollm2", 8192, 16, 2, 1000, 49152, [SamplingDefault("temperature", 0.5)]),
+        "990201a7736d6f6c6c6d32cd20001002cd03e8cdc0009192ab74656d7065726174757265cb3fe0000000000000",
+    ),
+    "AddRequest": (
+        AddRequest("req-2", [1], SamplingParams(presence_penalty=0.5, frequency_penalty=-1.0, repetition_penalty=1.25,
+                                                min_p=0.125, logit_bias=((7, 100.0),), logprobs=2)),
+        "9903a57265712d3291018fa16e01ab74656d7065726174757265cb3ff0000000000000a5746f705f70cb3ff0000000000000a5746f"
+        "705f6b00a473656564c0aa6d61785f746f6b656e7310aa6d696e5f746f6b656e7300ae73746f705f746f6b656e5f69647390aa6967"
+        "6e6f72655f656f73c2b070726573656e63655f70656e616c7479cb3fe0000000000000b16672657175656e63795f70656e616c7479"
+        "cbbff0000000000000b272657065746974696f6e5f70656e616c7479cb3ff4000000000000a56d696e5f70cb3fc0000000000000aa"
+        "6c6f6769745f62696173919207cb4059000000000000a86c6f6770726f62730200a0cb0000000000000000cb3ff0000000000000a0"
+    ),
+    "StepOutputs": (
+        StepOutputs([TokenDelta("req-2", 0, [42], 1, 1, 0, [TokenLogprob(-0.5, [42, 7], [-0.5, -1.25])])], [], 3),
+        "94059197a57265712d3200912a0101009193cbbfe0000000000000922a0792cbbfe0000000000000cbbff40000000000009003",
+    ),
 }
 
 
@@ -79,6 +106,23 @@ def test_protocol_version_is_one() -> None:
 @pytest.mark.parametrize("name", sorted(SAMPLES))
 def test_golden_bytes(name: str) -> None:
     assert encode(SAMPLES[name]).hex() == GOLDEN_HEX[name]
+
+
+@pytest.mark.parametrize("name", sorted(EXTENDED))
+def test_golden_bytes_of_appended_fields(name: str) -> None:
+    msg, golden = EXTENDED[name]
+    assert encode(msg).hex() == golden
+    assert decode(bytes.fromhex(golden)) == msg
+
+
+def test_a_bad_logit_bias_entry_is_named() -> None:
+    raw = _raw(EXTENDED["AddRequest"][0])
+    raw[3]["logit_bias"] = [[7, "x"]]
+    with pytest.raises(ProtocolError, match=r"AddRequest.sampling.logit_bias\[\]\[1\]: expected float"):
+        decode(msgpack.packb(raw))
+    raw[3]["logit_bias"] = [[7, 500.0]]
+    with pytest.raises(ProtocolError, match=r"AddRequest.sampling.logit_bias: logit_bias values"):
+        decode(msgpack.packb(raw))
 
 
 @pytest.mark.parametrize("name", sorted(OLDER_PEER_HEX))

@@ -72,7 +72,7 @@ def add(rid: str, max_tokens: int = 4, prompt: list[int] | None = None, n: int =
 
 def test_hello_gets_ready_with_the_model_facts(engine: Running, ctx: zmq.Context) -> None:
     gw = RawGateway(ctx, engine.server.address)
-    assert gw.ready == Ready(PROTOCOL_VERSION, "fake", 64, 4, 2, 64)
+    assert gw.ready == Ready(PROTOCOL_VERSION, "fake", 64, 4, 2, 64, 1000, [])
 
 
 def test_version_mismatch_is_refused_naming_both_versions(engine: Running, ctx: zmq.Context) -> None:
@@ -173,6 +173,7 @@ def test_n_samples_finish_separately(engine: Running, ctx: zmq.Context) -> None:
         (AddRequest("nan-weight", [1], SamplingParams(), weight=float("nan")), "weight must be a positive finite"),
         (AddRequest("inf-weight", [1], SamplingParams(), weight=float("inf")), "weight must be a positive finite"),
         (AddRequest("zero-weight", [1], SamplingParams(), weight=0.0), "weight must be a positive finite"),
+        (AddRequest("bias", [1], SamplingParams(logit_bias=((1000, 5.0),))), "logit_bias names token id 1000"),
     ],
 )
 def test_bad_requests_get_a_request_error_and_the_engine_goes_on(

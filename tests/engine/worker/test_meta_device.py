@@ -22,6 +22,7 @@ from engine.worker.input_batch import build_step_inputs, order_chunks
 from engine.worker.kv_cache import CacheLayout, KVCache
 from engine.worker.model_loader import load_model
 from engine.worker.model_runner import ModelRunner
+from engine.worker.sampler import SamplerOutput
 from pageserve_kernels.dispatch import AttentionBackend, copy_blocks_torch
 from shared.sampling import SamplingParams
 from tests.support.tiny_model import tiny_llama_folder
@@ -81,9 +82,9 @@ class MetaSampler:
     def forget(self, request_ids: object) -> None:
         pass
 
-    def sample(self, logits: torch.Tensor, rows: list[ScheduledChunk]) -> list[int]:
+    def sample_with_logprobs(self, logits: torch.Tensor, rows: list[ScheduledChunk]) -> SamplerOutput:
         self.calls.append((logits.device, tuple(logits.shape)))
-        return [0] * len(rows)
+        return SamplerOutput([0] * len(rows), {})
 
 
 @pytest.fixture(scope="module")
