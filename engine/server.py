@@ -306,6 +306,7 @@ class EngineServer:
         step_end = time.perf_counter()
         for gateway, (token_deltas, finished) in self._inflight.route(deltas).items():
             self._send(gateway, StepOutputs(token_deltas, finished, self.stats.num_steps + 1))
+        self.stats.record_tokens(deltas)
         self.stats.record_step(len({d.request_id for d in deltas}), step_seconds=step_end - step_start,
                                loop_seconds=time.perf_counter() - started)
 

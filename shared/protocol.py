@@ -185,6 +185,21 @@ class Stats:
     """Total time inside the core's steps (model + scheduler) since start."""
     loop_seconds: float = 0.0
     """Total time of busy loop turns (steps plus message I/O); minus step_seconds: the server's overhead."""
+    num_prompt_tokens: int = 0
+    """Prompt tokens of requests that produced their first token, since start (vllm:prompt_tokens)."""
+    num_generation_tokens: int = 0
+    """Tokens generated (all samples), since start (vllm:generation_tokens)."""
+    prefix_cache_queries: int = 0
+    """Prompt tokens looked up in the prefix cache, since start."""
+    prefix_cache_hits: int = 0
+    """Of those, tokens found (their KV was reused)."""
+    num_swaps_out: int = 0
+    """Preemptions that moved the victim's KV to the CPU pool (the rest of num_preemptions recomputed)."""
+    num_recomputes: int = 0
+    num_free_cpu_blocks: int = 0
+    num_total_cpu_blocks: int = 0
+    started_at: float = 0.0
+    """The engine process's time.time() at start: a change means the engine was restarted."""
 
 
 @dataclass(frozen=True)
