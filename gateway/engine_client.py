@@ -270,6 +270,11 @@ class EngineClient:
         await self._send(GetStats())
         return await asyncio.wait_for(waiter, timeout)
 
+    def fail(self, reason: str) -> None:
+        """Give up on the engine (it stalled, or this gateway is stopping): every open stream gets
+        EngineDeadError(reason) and the client is unhealthy from now on."""
+        self._fail_all(EngineDeadError(reason))
+
     @property
     def num_open_streams(self) -> int:
         return len(self._streams)

@@ -1,0 +1,136 @@
+"""Operator endpoints and per-request context around a fake engine: /ready, /version, /metrics,
+x-request-id, the access log line, and refusals while draining."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.logging_setup import configure_logging
+
+CHAT = {"model": "smollm2", "messages": [{"role": "user", "content": "What is the capital of France?"}]}
+
+
+def scrape(gw: Any) -> dict[str, Any]:
+    r = gw.client.get("/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    return {f.name: f for f in text_string_to_metric_families(r.text)}
+
+
+def sample(families: dict[str, Any], family: str, sample_name: str, **labels: str) -> float:
+    for s in families[family].samples:
+        if s.name == sample_name and all(s.labels.get(k) == v for k, v in labels.items()):
+            return float(s.value)
+    return 0.0
+
+
+def test_every_response_has_a_request_id_and_a_client_id_is_ignored_by_default(make_gateway: Any) -> None:
+    gw = make_gateway()
+    seen = set()
+    for r in (gw.client.get("/health"), gw.client.get("/nope"), gw.post("/v1/chat/completions", CHAT, key="bad"),
+              gw.client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 2},
+                             headers={"Authorization": f"Bearer {gw.key}", "x-request-id": "from-client"})):
+        rid = r.headers["x-request-id"]
+        assert len(rid) == 32 and rid != "from-client"
+        seen.add(rid)
+    assert len(seen) == 4
+    # The engine request (and completion id) embeds the x-request-id: the engine's log line carries it.
+    assert gw.engine.submitted[-1].request_id == "chatcmpl-" + r.headers["x-request-id"]
+    assert r.json()["id"] == gw.engine.submitted[-1].request_id
+
+
+def test_ready_version_and_metrics_move_with_requests(make_gateway: Any) -> None:
+    gw = make_gateway()
+    r = gw.client.get("/ready")
+    assert r.status_code == 200 and r.json() == {"status": "ready", "problems": []}
+    v = gw.client.get("/version").json()
+    assert v["protocol_version"] == 1 and v["model"] == "smollm2" and v["version"]
+    before = scrape(gw)
+    assert sample(before, "pageserve:requests", "pageserve:requests_total", tenant="acme") == 0
+    r = gw.post("/v1/chat/completions", {**CHAT, "max_tokens": 4, "stream": True})
+    assert r.status_code == 200
+    gw.post("/v1/chat/completions", CHAT, key="bad")
+    after = scrape(gw)
+    assert sample(after, "pageserve:requests", "pageserve:requests_total", tenant="acme",
+                  route="/v1/chat/completions", status="200") == 1
+    assert sample(after, "pageserve:requests", "pageserve:requests_total", tenant="-", status="401") == 1
+    assert sample(after, "pageserve:generation_tokens", "pageserve:generation_tokens_total", tenant="acme") == 4
+    assert sample(after, "pageserve:prompt_tokens", "pageserve:prompt_tokens_total", tenant="acme") == len(
+        gw.engine.submitted[0].prompt_token_ids)
+    labels = {"model_name": "smollm2", "engine": "0"}
+    assert after["vllm:time_to_first_token_seconds"].type == "histogram"
+    assert sample(after, "vllm:time_to_first_token_seconds", "vllm:time_to_first_token_seconds_count",
+                  **labels) == 1
+    assert sample(after, "vllm:time_per_output_token_seconds", "vllm:time_per_output_token_seconds_count",
+                  **labels) == 3
+    assert sample(after, "vllm:e2e_request_latency_seconds", "vllm:e2e_request_latency_seconds_count",
+                  **labels) == 1
+    assert sample(after, "vllm:request_success", "vllm:request_success_total", finished_reason="length") == 1
+    assert sample(after, "pageserve:active_streams", "pageserve:active_streams") == 0
+    assert sample(after, "pageserve:engine_up", "pageserve:engine_up") == 1
+
+
+def test_ready_names_what_is_wrong(make_gateway: Any) -> None:
+    gw = make_gateway()
+    gw.engine.dead = True
+    r = gw.client.get("/ready")
+    assert r.status_code == 503
+    assert r.json()["problems"] == ["engine: not connected"]
+    assert gw.client.get("/health").status_code == 503  # /health stays what it was (engine and Redis)
+
+
+def test_draining_refuses_new_requests_with_retry_after_but_answers_probes(make_gateway: Any) -> None:
+    gw = make_gateway()
+    gw.client.app.state.lifecycle.draining = True
+    r = gw.post("/v1/chat/completions", CHAT)
+    assert r.status_code == 503 and int(r.headers["retry-after"]) >= 1 and r.headers["x-request-id"]
+    assert r.json()["error"]["code"] == "shutting_down"
+    assert gw.engine.submitted == []
+    ready = gw.client.get("/ready")
+    assert ready.status_code == 503 and ready.json()["problems"] == ["draining: the gateway is shutting down"]
+    assert gw.client.get("/metrics").status_code == 200
+
+
+def test_json_access_log_line_has_the_request_and_no_secret(make_gateway: Any, capsys: Any) -> None:
+    gw = make_gateway()
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    configure_logging("info", "json")
+    try:
+        r = gw.post("/v1/chat/completions", {**CHAT, "max_tokens": 3})
+        gw.post("/v1/chat/completions", CHAT, key="ps-not-a-real-key")
+    finally:
+        root.handlers[:], level = saved
+        root.setLevel(level)
+    lines = [json.loads(line) for line in capsys.readouterr().err.splitlines() if line.startswith("{")]
+    access = [x for x in lines if x["logger"] == "pageserve.access"]
+    ok = next(x for x in access if x["request_id"] == r.headers["x-request-id"])
+    assert ok["status"] == 200 and ok["tenant"] == "acme" and ok["route"] == "/v1/chat/completions"
+    assert ok["completion_tokens"] == 4 and ok["prompt_tokens"] > 0 and ok["outcome"] == "length"
+    assert ok["duration_s"] >= 0 and ok["ttft_s"] is not None and ok["level"] == "INFO"
+    assert any(x["status"] == 401 for x in access)
+    text = json.dumps(lines)
+    assert "capital of France" not in text and gw.key not in text and "ps-not-a-real-key" not in text
+
+
+@pytest.mark.parametrize("trusted,expected", [(True, "lb-1234"), (False, None)])
+def test_trusted_proxy_request_id(make_gateway: Any, trusted: bool, expected: str | None) -> None:
+    gw = make_gateway()  # built untrusted (the default); the trusted case turns the setting on below
+    if not trusted:
+        r = gw.client.get("/health", headers={"x-request-id": "lb-1234"})
+        assert r.headers["x-request-id"] != "lb-1234"
+        return
+    from gateway.request_context import RequestContextMiddleware
+
+    for m in gw.client.app.user_middleware:
+        if m.cls is RequestContextMiddleware:
+            m.kwargs["trusted_request_id"] = True
+    gw.client.app.middleware_stack = gw.client.app.build_middleware_stack()
+    r = gw.client.get("/health", headers={"x-request-id": "lb-1234"})
+    assert r.headers["x-request-id"] == expected
+    r = gw.client.get("/health", headers={"x-request-id": "bad id with spaces"})
+    assert r.headers["x-request-id"] != "bad id with spaces"
