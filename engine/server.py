@@ -33,7 +33,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -43,6 +43,7 @@ from engine.inflight import InFlightTable
 from engine.outputs import RequestDelta
 from engine.request import Request
 from engine.step_stats import CoreCounts, StepStats
+from shared.cli_env import add_env_twins
 from shared.protocol import (
     PROTOCOL_VERSION,
     SHUTTING_DOWN,
@@ -342,11 +343,13 @@ class EngineServer:
 # --------------------------------------------------------------------------- process entry
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
+    """The engine's flags; `environ` (default os.environ) supplies their PAGESERVE_* twins."""
     p = argparse.ArgumentParser(prog="pageserve engine", description="Run the engine process.")
     p.add_argument("--model", default="smollm2", help="short name or local Hugging Face folder")
     p.add_argument("--listen", default="tcp://127.0.0.1:5555", help="tcp://HOST:PORT or ipc:///PATH")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="weights and KV cache precision")
     p.add_argument("--max-model-len", type=int, default=None, help="default: the smaller of the model's context and 2048 (SchedulerConfig.max_model_len)")
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     p.add_argument("--kv-cache-memory", type=float, default=2.0, help="GiB for the device KV pool")
@@ -354,19 +357,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-blocks", type=int, default=None, help="force the device block count")
     p.add_argument("--max-num-seqs", type=int, default=64, help="most requests running at once")
     p.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget per step")
-    p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--no-prefix-caching", action="store_true", help="never reuse KV blocks of equal prompt prefixes")
     p.add_argument("--policy", default="priority", choices=["priority", "fcfs"],
                    help="admission order: (aged) priority then fair share, or arrival only")
-    p.add_argument("--preemption-mode", default="auto", choices=["auto", "swap", "recompute"])
+    p.add_argument("--preemption-mode", default="auto", choices=["auto", "swap", "recompute"],
+                   help="what a preempted request's KV becomes: swapped to CPU, dropped, or chosen per victim")
     p.add_argument("--preemption-priority-gap", type=int, default=1,
                    help="levels more urgent a waiting request must be to preempt a running one")
     p.add_argument("--aging-rate", type=float, default=0.1, help="priority levels gained per second waited")
-    p.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"],
+                   help="attention kernels: Triton on a GPU, our C/torch path on a CPU (auto picks)")
+    p.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:1 ...")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--shutdown-grace", type=float, default=5.0, help="seconds in-flight requests get on SIGTERM")
-    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--log-level", default="INFO", help="CRITICAL, ERROR, WARNING, INFO or DEBUG")
+    add_env_twins(p, ENV_PREFIX, ENV_NAMES, environ)  # every flag also reads PAGESERVE_ENGINE_<FLAG> (shared/cli_env.py)
     return p
+
+
+ENV_PREFIX = "PAGESERVE_ENGINE_"
+ENV_NAMES = {"model": "PAGESERVE_MODEL"}
+"""The model is named the same for the engine and the gateway (they must agree)."""
 
 
 def _exit_during_startup(signum: int, frame: object) -> None:

@@ -76,6 +76,7 @@ class GatewayConfig:
             (self.max_body_bytes >= 1024, "--max-body-bytes", "must be at least 1024"),
             (self.engine_connect_timeout_s > 0, "--engine-timeout", "must be positive"),
             (self.engine_poll_interval_s > 0, "--engine-poll-interval", "must be positive"),
+            (self.engine_retry_interval_s > 0, "--engine-retry-interval", "must be positive"),
             (self.engine_stall_s > self.engine_poll_interval_s, "--engine-stall",
              "must be longer than --engine-poll-interval"),
             (self.redis_timeout_s > 0, "--redis-timeout", "must be positive"),

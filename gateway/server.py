@@ -57,6 +57,8 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
     a("--model", default=d.model, help="model spec for the tokenizer; must be what the engine serves")
     a("--engine-timeout", type=float, default=d.engine_connect_timeout_s,
       help="seconds to wait for the engine at start-up")
+    a("--engine-retry-interval", type=float, default=d.engine_retry_interval_s,
+      help="seconds between reconnection attempts after the engine was lost")
     a("--engine-poll-interval", type=float, default=d.engine_poll_interval_s,
       help="seconds between engine Stats polls (heartbeat and metrics)")
     a("--engine-stall", type=float, default=d.engine_stall_s,
@@ -94,6 +96,7 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> Gatewa
     return GatewayConfig(
         engine_address=a.engine, redis_url=a.redis_url, model=a.model, host=a.host, port=a.port,
         redis_prefix=a.redis_prefix, engine_connect_timeout_s=a.engine_timeout,
+        engine_retry_interval_s=a.engine_retry_interval,
         engine_poll_interval_s=a.engine_poll_interval, engine_stall_s=a.engine_stall,
         completion_default_max_tokens=a.completion_default_max_tokens, max_body_bytes=a.max_body_bytes,
         redis_timeout_s=a.redis_timeout, redis_max_connections=a.redis_max_connections,

@@ -76,7 +76,7 @@ def settings_table(parser: argparse.ArgumentParser) -> str:
     """A Markdown table of every flag: flag, environment twin, default, meaning."""
     rows = ["| flag | environment | default | meaning |", "|---|---|---|---|"]
     for action in _options(parser):
-        help_text = (action.help or "").split(" [env ")[0].replace("|", "\\|")
+        help_text = (action.help or "").split("[env ")[0].strip().replace("|", "\\|")
         default = _documented_default(action)
         rows.append(f"| `{action.option_strings[-1]}` | `{getattr(action, ENV_ATTR, '')}` | {default} | {help_text} |")
     return "\n".join(rows)
