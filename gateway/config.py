@@ -39,7 +39,7 @@ class GatewayConfig:
     """How often a lost engine connection is retried while the gateway runs."""
     engine_poll_interval_s: float = 1.0
     """How often the engine's Stats (its step counter: the heartbeat, and the /metrics figures) are read."""
-    engine_stall_s: float = 30.0
+    engine_stall_s: float = 60.0
     """With work in flight and no engine step for this long, open requests fail and /ready is 503."""
     completion_default_max_tokens: int = 16
     """`/v1/completions` without max_tokens (OpenAI's default); chat uses the room left in the context."""

@@ -164,6 +164,8 @@ class EngineClient:
         self._stats_waiters: collections.deque[asyncio.Future[Stats]] = collections.deque()
         self._model_info: Ready | None = None
         self._dead: EngineDeadError | None = None
+        self.last_step = -1
+        """The newest engine step counter seen in StepOutputs (the engine's heartbeat, gateway/engine_link.py)."""
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -317,6 +319,7 @@ class EngineClient:
 
     def _dispatch(self, msg: Message) -> None:
         if isinstance(msg, StepOutputs):
+            self.last_step = max(self.last_step, msg.step)
             for delta in msg.deltas:
                 self._route(delta.request_id, delta)
             for fin in msg.finished:

@@ -99,29 +99,43 @@ class EngineLink:
                 log.info("reconnected to the engine at %s", self.address)
 
     async def _watch_progress(self) -> None:
+        """Ask for Stats (one question at a time: a long step delays the answer, it does not lose it)
+        and fail the client when it has work and its step counter stood still for `stall_s`."""
+        pending: asyncio.Task[Stats | None] | None = None
         while True:
             await asyncio.sleep(self._poll_interval_s)
             client = self.client
             if client is None:
+                pending = None
                 continue
-            try:
-                stats = await client.stats(timeout=self._poll_interval_s)
-            except (TimeoutError, EngineError):
-                stats = None
-            if stats is not None:
-                self._on_stats(stats)
-            busy = client.num_open_streams > 0 or (stats is not None and _has_work(stats))
-            if busy and self.seconds_since_progress() > self.stall_s and client is self.client:
+            if pending is not None and pending.done():
+                stats = pending.result()
+                if stats is not None:
+                    self._on_stats(stats)
+                pending = None
+            if pending is None:
+                pending = asyncio.create_task(_stats_or_none(client, self.stall_s))
+            if client.last_step > self._steps_seen():  # StepOutputs arrive after every step with output
+                self._progress(client.last_step)
+            work = client.num_open_streams > 0 or (self.latest_stats is not None and _has_work(self.latest_stats))
+            if work and self.seconds_since_progress() > self.stall_s and client is self.client:
                 self.last_failure = (f"the engine made no progress for {self.seconds_since_progress():.0f} s "
                                      f"with work in flight (stall limit {self.stall_s:g} s)")
                 log.error("%s; failing its open requests and reconnecting", self.last_failure)
                 client.fail(self.last_failure)
+                pending = None
 
     def _on_stats(self, stats: Stats) -> None:
-        if stats.num_steps != self._last_steps or not _has_work(stats):
-            self._last_progress = time.monotonic()
-        self._last_steps = stats.num_steps
+        if stats.num_steps > self._steps_seen() or not _has_work(stats):
+            self._progress(stats.num_steps)
         self.latest_stats = stats
+
+    def _steps_seen(self) -> int:
+        return -1 if self._last_steps is None else self._last_steps
+
+    def _progress(self, step: int) -> None:
+        self._last_progress = time.monotonic()
+        self._last_steps = max(step, self._steps_seen())
 
     def fail_open(self, reason: str) -> None:
         """End every open request of this gateway with `reason` (the drain time is over)."""
@@ -138,6 +152,13 @@ class EngineLink:
         if self._client is not None:
             await self._client.close()
             self._client = None
+
+
+async def _stats_or_none(client: EngineClient, timeout_s: float) -> Stats | None:
+    try:
+        return await client.stats(timeout=timeout_s)
+    except (TimeoutError, EngineError):
+        return None
 
 
 def _has_work(stats: Stats) -> bool:

@@ -25,10 +25,13 @@ def configure_logging(level: str, fmt: LogFormat) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
+    for name in ("uvicorn", "uvicorn.error"):
         uv = logging.getLogger(name)
         uv.handlers[:] = []
         uv.propagate = True
+    access = logging.getLogger("uvicorn.access")  # replaced by "pageserve.access" (one richer line per request)
+    access.handlers[:] = []
+    access.propagate = False
 
 
 def _formatter(fmt: LogFormat) -> logging.Formatter:
