@@ -90,9 +90,13 @@ def test_a_stuck_engine_loop_fails_open_streams_and_is_not_ready() -> None:
         core.step_gate.clear()  # the next step hangs (5 s) inside the loop
         stream = await link.client.submit(AddRequest("r1", [1, 2, 3], SamplingParams(max_tokens=50)))
         started = time.monotonic()
-        with pytest.raises(EngineDeadError, match="no progress"):
+
+        async def drain() -> None:
             async for _ in stream:
                 pass
+
+        with pytest.raises(EngineDeadError, match="no progress"):
+            await asyncio.wait_for(drain(), 4.0)  # without the guard: TimeoutError, not a pass
         assert time.monotonic() - started < 3.0
         assert not link.progressing and "no progress" in link.last_failure
         core.step_gate.set()  # the loop moves again: the link reconnects by itself
