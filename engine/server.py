@@ -233,7 +233,8 @@ class EngineServer:
             self._on_abort(gateway, msg.request_ids)
         elif isinstance(msg, GetStats):
             counts = self.core.counts()
-            self._send(gateway, self.stats.snapshot(counts, len(self._gateways), self._inflight.num_finished))
+            self._send(gateway, self.stats.snapshot(counts, len(self._gateways), self._inflight.num_finished,
+                                                    self._inflight.loads()))
         elif isinstance(msg, Bye):
             self._forget_gateway(gateway, f"said goodbye ({msg.reason or 'no reason'})")
         else:

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from engine.outputs import RequestDelta
-from shared.protocol import Stats
+from shared.protocol import PriorityLoad, Stats, TenantLoad
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,8 @@ class StepStats:
             if d.index == 0 and d.new_token_ids and d.num_output_tokens == len(d.new_token_ids):
                 self.num_prompt_tokens += d.num_prompt_tokens
 
-    def snapshot(self, core: CoreCounts, num_gateways: int, num_finished: int) -> Stats:
+    def snapshot(self, core: CoreCounts, num_gateways: int, num_finished: int,
+                 loads: tuple[list[PriorityLoad], list[TenantLoad]] = ([], [])) -> Stats:
         mean = self.total_requests_in_steps / self.num_steps if self.num_steps else 0.0
         return Stats(
             num_running=core.num_running, num_waiting=core.num_waiting, num_swapped=core.num_swapped,
@@ -77,5 +78,5 @@ class StepStats:
             prefix_cache_queries=core.prefix_cache_queries, prefix_cache_hits=core.prefix_cache_hits,
             num_swaps_out=core.num_swaps_out, num_recomputes=core.num_recomputes,
             num_free_cpu_blocks=core.num_free_cpu_blocks, num_total_cpu_blocks=core.num_total_cpu_blocks,
-            started_at=self.started_at,
+            started_at=self.started_at, by_priority=loads[0], by_tenant=loads[1],
         )

@@ -210,6 +210,27 @@ class EngineCollector(Collector):
                       s.step_seconds)
         yield gauge("pageserve:engine_gateways", "Gateway processes connected to the engine.", s.num_gateways)
         yield gauge("pageserve:engine_start_time_seconds", "Unix time the engine process started.", s.started_at)
+        yield from _loads(s, labels)
+
+
+def _loads(s: Stats, labels: list[str]) -> Iterator[Metric]:
+    """Our extras: queue lengths per priority, and each tenant's part of the engine (its fair share)."""
+    queued = GaugeMetricFamily("pageserve:requests_queued", "Requests in the engine without a token yet, by "
+                               "priority (lower is more urgent).", labels=[*MODEL_LABELS, "priority"])
+    running = GaugeMetricFamily("pageserve:requests_generating", "Requests in the engine producing tokens, by "
+                                "priority.", labels=[*MODEL_LABELS, "priority"])
+    for p in s.by_priority:
+        queued.add_metric([*labels, str(p.priority)], p.queued)
+        running.add_metric([*labels, str(p.priority)], p.running)
+    in_flight = GaugeMetricFamily("pageserve:tenant_requests_in_engine", "Requests in the engine by tenant id.",
+                                  labels=[*MODEL_LABELS, "tenant_id"])
+    tokens = CounterMetricFamily("pageserve:tenant_engine_generated_tokens", "Tokens the engine generated per "
+                                 "tenant id since it started (divide by the sum for the fair share).",
+                                 labels=[*MODEL_LABELS, "tenant_id"])
+    for t in s.by_tenant:
+        in_flight.add_metric([*labels, t.tenant_id], t.in_flight)
+        tokens.add_metric([*labels, t.tenant_id], t.generated_tokens)
+    yield from (queued, running, in_flight, tokens)
 
 
 def render(metrics: GatewayMetrics, engine: Collector) -> bytes:

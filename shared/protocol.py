@@ -30,7 +30,7 @@ This module imports neither torch nor engine/ nor gateway/.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 from shared.sampling import SamplingParams
@@ -164,6 +164,29 @@ class GetStats:
 
 
 @dataclass(frozen=True)
+class PriorityLoad:
+    """Requests in flight at one priority level (nested in Stats)."""
+
+    TAG: ClassVar[int] = 13
+    priority: int
+    queued: int
+    """Accepted, no token produced yet (waiting, or in prefill)."""
+    running: int
+    """Producing tokens."""
+
+
+@dataclass(frozen=True)
+class TenantLoad:
+    """One tenant's part of the engine (nested in Stats): the basis of its fair share."""
+
+    TAG: ClassVar[int] = 14
+    tenant_id: str
+    in_flight: int
+    generated_tokens: int
+    """Since the engine started."""
+
+
+@dataclass(frozen=True)
 class Stats:
     TAG: ClassVar[int] = 8
     num_running: int
@@ -200,6 +223,9 @@ class Stats:
     num_total_cpu_blocks: int = 0
     started_at: float = 0.0
     """The engine process's time.time() at start: a change means the engine was restarted."""
+    by_priority: list[PriorityLoad] = field(default_factory=list)
+    by_tenant: list[TenantLoad] = field(default_factory=list)
+    """Tenants with requests in flight or tokens generated since start."""
 
 
 @dataclass(frozen=True)
@@ -217,7 +243,7 @@ _CODEC = Codec(_TOP_LEVEL)
 __all__ = [
     "PROTOCOL_VERSION", "SHUTTING_DOWN", "ErrorKind", "FinishReason", "Message", "ProtocolError", "decode", "encode",
     "Hello", "Ready", "AddRequest", "Abort", "StepOutputs", "TokenDelta", "Finished", "Usage",
-    "Error", "GetStats", "Stats", "Bye",
+    "Error", "GetStats", "Stats", "PriorityLoad", "TenantLoad", "Bye",
 ]
 
 

@@ -134,3 +134,28 @@ def test_trusted_proxy_request_id(make_gateway: Any, trusted: bool, expected: st
     assert r.headers["x-request-id"] == expected
     r = gw.client.get("/health", headers={"x-request-id": "bad id with spaces"})
     assert r.headers["x-request-id"] != "bad id with spaces"
+
+
+def test_engine_figures_under_vllm_names_and_our_extras() -> None:
+    from gateway.metrics import EngineCollector, GatewayMetrics, render
+    from shared.protocol import PriorityLoad, Stats, TenantLoad
+
+    stats = Stats(3, 2, 1, 25, 100, 7, 40, 5, 1, 4, 2.0, 2, num_prompt_tokens=300, num_generation_tokens=120,
+                  prefix_cache_queries=300, prefix_cache_hits=96, num_swaps_out=5, num_recomputes=2,
+                  num_free_cpu_blocks=30, num_total_cpu_blocks=40, by_priority=[PriorityLoad(0, 1, 2),
+                                                                                 PriorityLoad(2, 3, 1)],
+                  by_tenant=[TenantLoad("t_a", 2, 100), TenantLoad("t_b", 4, 20)])
+    text = render(GatewayMetrics(), EngineCollector(lambda: (stats, "smollm2", True))).decode()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    m = {"model_name": "smollm2", "engine": "0"}
+    assert families["vllm:num_requests_running"].type == "gauge"
+    assert sample(families, "vllm:num_requests_waiting", "vllm:num_requests_waiting", **m) == 2
+    assert sample(families, "vllm:kv_cache_usage_perc", "vllm:kv_cache_usage_perc", **m) == 0.75
+    assert families["vllm:num_preemptions"].type == "counter"
+    assert sample(families, "vllm:num_preemptions", "vllm:num_preemptions_total", **m) == 7
+    assert sample(families, "vllm:prefix_cache_hits", "vllm:prefix_cache_hits_total", **m) == 96
+    assert sample(families, "vllm:generation_tokens", "vllm:generation_tokens_total", **m) == 120
+    assert sample(families, "pageserve:preemption_swaps", "pageserve:preemption_swaps_total", **m) == 5
+    assert sample(families, "pageserve:requests_queued", "pageserve:requests_queued", priority="2") == 3
+    assert sample(families, "pageserve:tenant_engine_generated_tokens",
+                  "pageserve:tenant_engine_generated_tokens_total", tenant_id="t_a") == 100

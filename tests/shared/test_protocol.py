@@ -19,10 +19,12 @@ from shared.protocol import (
     GetStats,
     Hello,
     Message,
+    PriorityLoad,
     ProtocolError,
     Ready,
     Stats,
     StepOutputs,
+    TenantLoad,
     TokenDelta,
     Usage,
     decode,
@@ -43,7 +45,8 @@ SAMPLES: dict[str, Message] = {
     ),
     "Error": Error("req-1", "request", "prompt too long"),
     "GetStats": GetStats(),
-    "Stats": Stats(1, 2, 3, 90, 100, 4, 5, 6, 7, 8, 2.5, 1, 0.5, 1.5, 10, 20, 30, 12, 2, 1, 50, 60, 1700000000.5),
+    "Stats": Stats(1, 2, 3, 90, 100, 4, 5, 6, 7, 8, 2.5, 1, 0.5, 1.5, 10, 20, 30, 12, 2, 1, 50, 60, 1700000000.5,
+                   [PriorityLoad(0, 1, 2)], [TenantLoad("t_1", 3, 40)]),
     "Bye": Bye("closing"),
 }
 
@@ -62,8 +65,8 @@ GOLDEN_HEX = {
     "Error": "9506a57265712d31a772657175657374af70726f6d707420746f6f206c6f6e67a0",
     "GetStats": "9107",
     "Stats": (
-        "dc0018080102035a640405060708cb400400000000000001cb3fe0000000000000cb3ff80000000000000a141e0c0201323c"
-        "cb41d954fc40200000"
+        "dc001a080102035a640405060708cb400400000000000001cb3fe0000000000000cb3ff80000000000000a141e0c0201323c"
+        "cb41d954fc4020000091930001029193a3745f310328"
     ),
     "Bye": "9209a7636c6f73696e67",
 }
@@ -78,6 +81,11 @@ OLDER_PEER_HEX = {
     # before the token, prefix-cache, swap and start-time fields (the metrics of issue 12)
     "Stats with loop times": (
         "9f080102035a640405060708cb400400000000000001cb0000000000000000cb0000000000000000", _STATS_V1),
+    # before by_priority and by_tenant
+    "Stats with token counts": (
+        "dc0018080102035a640405060708cb400400000000000001cb3fe0000000000000cb3ff80000000000000a141e0c0201323c"
+        "cb41d954fc40200000",
+        Stats(1, 2, 3, 90, 100, 4, 5, 6, 7, 8, 2.5, 1, 0.5, 1.5, 10, 20, 30, 12, 2, 1, 50, 60, 1700000000.5)),
 }
 
 
