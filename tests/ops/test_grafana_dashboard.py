@@ -9,7 +9,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.metrics import EngineCollector, GatewayMetrics, RequestObservation, render
-from shared.protocol import Stats
+from shared.protocol import PriorityLoad, Stats, TenantLoad
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "ops" / "grafana-dashboard.json"
 _NAME = re.compile(r"\b((?:vllm|pageserve):[A-Za-z0-9_:]+)")
@@ -34,7 +34,8 @@ def test_every_queried_metric_is_exported() -> None:
         token_intervals_s=[0.01], prompt_tokens=5, completion_tokens=2, cached_tokens=0, finish_reasons=["stop"],
         admission_s=0.001, refusal="rpm", generated=True))
     metrics.active_streams.inc()
-    stats = Stats(1, 0, 0, 10, 20, 0, 5, 1, 0, 1, 1.0, 1, num_total_cpu_blocks=4, num_free_cpu_blocks=4)
+    stats = Stats(1, 0, 0, 10, 20, 0, 5, 1, 0, 1, 1.0, 1, num_total_cpu_blocks=4, num_free_cpu_blocks=4,
+                  by_priority=[PriorityLoad(0, 1, 0)], by_tenant=[TenantLoad("t_1", 1, 5)])
     text = render(metrics, EngineCollector(lambda: (stats, "m", True))).decode()
     names = dashboard_metric_names()
     assert len(names) >= 20
