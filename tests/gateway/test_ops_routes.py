@@ -117,23 +117,31 @@ def test_json_access_log_line_has_the_request_and_no_secret(make_gateway: Any, c
     assert "capital of France" not in text and gw.key not in text and "ps-not-a-real-key" not in text
 
 
-@pytest.mark.parametrize("trusted,expected", [(True, "lb-1234"), (False, None)])
-def test_trusted_proxy_request_id(make_gateway: Any, trusted: bool, expected: str | None) -> None:
-    gw = make_gateway()  # built untrusted (the default); the trusted case turns the setting on below
-    if not trusted:
-        r = gw.client.get("/health", headers={"x-request-id": "lb-1234"})
-        assert r.headers["x-request-id"] != "lb-1234"
-        return
-    from gateway.request_context import RequestContextMiddleware
-
-    for m in gw.client.app.user_middleware:
-        if m.cls is RequestContextMiddleware:
-            m.kwargs["trusted_request_id"] = True
-    gw.client.app.middleware_stack = gw.client.app.build_middleware_stack()
+@pytest.mark.parametrize("trusted", [True, False])
+def test_a_request_id_from_a_trusted_proxy_is_kept_if_it_is_a_plain_token(make_gateway: Any, trusted: bool) -> None:
+    gw = make_gateway(trusted_request_id=trusted)
     r = gw.client.get("/health", headers={"x-request-id": "lb-1234"})
-    assert r.headers["x-request-id"] == expected
-    r = gw.client.get("/health", headers={"x-request-id": "bad id with spaces"})
-    assert r.headers["x-request-id"] != "bad id with spaces"
+    assert (r.headers["x-request-id"] == "lb-1234") is trusted
+    assert gw.client.get("/health", headers={"x-request-id": "bad id\\n"}).headers["x-request-id"] != "bad id\\n"
+    if trusted:  # a proxy may repeat ids: the engine's id stays unique and still carries it
+        body = {**CHAT, "max_tokens": 2}
+        for _ in range(2):
+            gw.client.post("/v1/chat/completions", json=body,
+                           headers={"Authorization": f"Bearer {gw.key}", "x-request-id": "lb-1234"})
+        ids = [a.request_id for a in gw.engine.submitted]
+        assert len(set(ids)) == 2 and all(i.startswith("chatcmpl-lb-1234.") for i in ids)
+
+
+def test_cors_origins_setting(make_gateway: Any) -> None:
+    gw = make_gateway(cors_origins=("https://app.example",))
+    preflight = {"origin": "https://app.example", "access-control-request-method": "POST",
+                 "access-control-request-headers": "authorization,content-type"}
+    r = gw.client.options("/v1/chat/completions", headers=preflight)
+    assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "https://app.example"
+    r = gw.client.options("/v1/chat/completions", headers={**preflight, "origin": "https://evil.example"})
+    assert r.status_code == 400
+    assert "access-control-allow-origin" not in make_gateway().client.get(
+        "/health", headers={"origin": "https://app.example"}).headers
 
 
 def test_engine_figures_under_vllm_names_and_our_extras() -> None:
