@@ -110,6 +110,12 @@ class RequestRecord:
         }
 
 
+def _route_label(scope: Scope) -> str:
+    """The matched route's template (bounded label values: never a client's raw path), or "other"."""
+    path = getattr(scope.get("route"), "path", None)
+    return path if isinstance(path, str) and path else "other"
+
+
 def record_of(request: Request) -> RequestRecord | None:
     """The request's record (None in apps built without the middleware, e.g. some unit tests)."""
     record = request.scope.get("state", {}).get("record")
@@ -155,6 +161,7 @@ class RequestContextMiddleware:
             if generation:
                 self.metrics.active_streams.dec()
             self.lifecycle.request_done()
+            record.route = _route_label(scope)
             self._finish(record)
 
     def _new_record(self, scope: Scope) -> RequestRecord:
@@ -165,9 +172,8 @@ class RequestContextMiddleware:
                     text = value.decode("latin-1")
                     given = text if _SAFE_ID.match(text) else None
                     break
-        route = scope.get("path", "")
-        route = route if route in GENERATION_ROUTES or route in PROBE_PATHS or route.startswith("/v1/") else (
-            "/admin" if route.startswith("/admin") else "other")
+        path = scope.get("path", "")
+        route = path if path in GENERATION_ROUTES or path in PROBE_PATHS else "other"
         return RequestRecord(request_id=given or uuid.uuid4().hex, trusted_id=given is not None, route=route,
                              method=scope.get("method", ""))
 

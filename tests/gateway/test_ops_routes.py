@@ -167,3 +167,12 @@ def test_engine_figures_under_vllm_names_and_our_extras() -> None:
     assert sample(families, "pageserve:requests_queued", "pageserve:requests_queued", priority="2") == 3
     assert sample(families, "pageserve:tenant_engine_generated_tokens",
                   "pageserve:tenant_engine_generated_tokens_total", tenant_id="t_a") == 100
+
+
+def test_route_labels_are_templates_never_raw_paths(make_gateway: Any) -> None:
+    gw = make_gateway()
+    for i in range(3):
+        gw.client.get(f"/v1/no-such-thing-{i}")
+    families = scrape(gw)
+    routes = {s.labels["route"] for s in families["pageserve:requests"].samples if "route" in s.labels}
+    assert not any("no-such-thing" in r for r in routes) and "other" in routes
