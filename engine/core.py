@@ -130,4 +130,10 @@ class EngineCore:
             num_free_blocks=s.free_device_blocks,
             num_total_blocks=s.total_device_blocks,
             num_preemptions=s.preemptions,
+            prefix_cache_queries=s.prefix_cache_query_tokens,
+            prefix_cache_hits=s.prefix_cache_hit_tokens,
+            num_swaps_out=s.swaps_out,
+            num_recomputes=s.recomputes,
+            num_free_cpu_blocks=s.free_cpu_blocks,
+            num_total_cpu_blocks=s.total_cpu_blocks,
         )

@@ -2,7 +2,7 @@
 
 A request's path through the package:
 
-    server.py        `pageserve gateway`: flags/env -> GatewayConfig (config.py) -> uvicorn
+    server.py        `pageserve gateway`: flags + PAGESERVE_* twins -> GatewayConfig (config.py) -> uvicorn
     app.py           create_app(config): routes + a lifespan owning the services (state.py)
     routes.py        POST /v1/chat/completions, /v1/completions; GET /health; mounts the routes below
     models_api.py    GET /v1/models, /v1/models/{model}; the one model-name check
@@ -19,7 +19,12 @@ A request's path through the package:
     generation.py    one request in flight: engine deltas -> text per choice (detokenizer.py,
                      stop_strings.py); the single close/settle
     openai_format.py the exact chunk/response JSON shapes
-    engine_link.py   keeps an EngineClient (engine_client.py) connected, reconnects after a loss
+    engine_link.py   keeps an EngineClient (engine_client.py) connected, reconnects after a loss, and
+                     watches the engine's step counter (a stalled engine fails open streams)
+    request_context.py  per request: x-request-id, access-log line, metrics, 503 while draining
+    metrics.py       /metrics: prometheus-client (multiprocess) + the engine's Stats under vLLM names
+    ops_routes.py    GET /ready, /version, /metrics;  lifecycle.py: SIGTERM drain
+    logging_setup.py text or JSON logs (python-json-logger)
     errors.py        4xx / 500 / 503 in OpenAI's error body
     tenancy/         tenants, hashed keys, quotas, admission, usage (admin_routes.py mounts /admin)
 

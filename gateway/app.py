@@ -2,8 +2,11 @@
 
 The lifespan opens the services (`gateway/state.py`: engine link, tokenizer,
 Redis pool and tenancy store), hands them to every request as
-`request.state.gateway`, and closes them on shutdown. Errors of every kind
-leave as OpenAI-shaped bodies (`gateway/errors.py`).
+`request.state.gateway`, and closes them on shutdown; it also takes SIGTERM
+over so that the worker drains first (`gateway/lifecycle.py`). Every request
+passes the request-context middleware (x-request-id, access log, metrics,
+refusal while draining) and, when origins are configured, CORS. Errors of every
+kind leave as OpenAI-shaped bodies (`gateway/errors.py`).
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from contextlib import AbstractAsyncContextManager
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 
 from gateway.admin_routes import admin_routes
 from gateway.config import GatewayConfig
@@ -24,6 +29,10 @@ from gateway.errors import (
     tenancy_error_handler,
     unhandled_error_handler,
 )
+from gateway.lifecycle import Lifecycle
+from gateway.metrics import GatewayMetrics
+from gateway.ops_routes import ops_routes
+from gateway.request_context import RequestContextMiddleware
 from gateway.routes import ROUTES
 from gateway.state import GatewayState, open_services
 from gateway.tenancy.errors import TenancyError
@@ -33,14 +42,31 @@ ServicesFactory = Callable[[GatewayConfig], AbstractAsyncContextManager[GatewayS
 
 def create_app(config: GatewayConfig, services: ServicesFactory = open_services) -> Starlette:
     """Build the gateway app; `services` is replaced by fakes only in unit tests."""
+    metrics = GatewayMetrics()
+    engine_holder: list[GatewayState] = []
+
+    def fail_open(reason: str) -> None:
+        for state in engine_holder:
+            state.engine.fail_open(reason)
+
+    lifecycle = Lifecycle(config.drain_s, fail_open)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, GatewayState]]:
         async with services(config) as state:
+            engine_holder.append(state)
+            lifecycle.install()
             yield {"gateway": state}
 
-    return Starlette(
-        routes=[*ROUTES, admin_routes(config.admin_token)],
+    middleware = [Middleware(RequestContextMiddleware, metrics=metrics, lifecycle=lifecycle,
+                             trusted_request_id=config.trusted_request_id)]
+    if config.cors_origins:
+        middleware.append(Middleware(CORSMiddleware, allow_origins=list(config.cors_origins),
+                                     allow_methods=["GET", "POST"], allow_headers=["authorization", "content-type"],
+                                     expose_headers=["x-request-id"]))
+    app = Starlette(
+        routes=[*ROUTES, *ops_routes(metrics, lifecycle), admin_routes(config.admin_token)],
+        middleware=middleware,
         lifespan=lifespan,
         exception_handlers={
             APIError: api_error_handler,
@@ -49,3 +75,6 @@ def create_app(config: GatewayConfig, services: ServicesFactory = open_services)
             Exception: unhandled_error_handler,
         },
     )
+    app.state.lifecycle = lifecycle
+    app.state.metrics = metrics
+    return app

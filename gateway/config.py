@@ -1,7 +1,9 @@
-"""The gateway's configuration: one frozen dataclass, built once by `gateway/server.py`.
+"""The gateway's configuration: frozen dataclasses, built once by `gateway/server.py` from flags and env.
 
 Values learned at start-up (the engine's model name and context length, the
-tokenizer) live in the lifespan state, never written back here.
+tokenizer) live in the lifespan state, never written back here. Every range is
+checked here, once: a bad value raises `ConfigError` naming the flag, and the
+process stops before it serves anything.
 """
 
 from __future__ import annotations
@@ -10,6 +12,10 @@ from dataclasses import dataclass, field
 
 from gateway.replicas.config import ReplicasConfig
 from gateway.tenancy.admission import AdmissionConfig
+
+
+class ConfigError(ValueError):
+    """A setting out of range; the message names the flag."""
 
 
 @dataclass(frozen=True)
@@ -34,12 +40,63 @@ class GatewayConfig:
     """How long start-up waits for the engine's handshake (it may still be loading the model)."""
     engine_retry_interval_s: float = 1.0
     """How often a lost engine connection is retried while the gateway runs."""
+    engine_poll_interval_s: float = 1.0
+    """How often the engine's Stats (its step counter: the heartbeat, and the /metrics figures) are read."""
+    engine_stall_s: float = 60.0
+    """With work in flight and no engine step for this long, open requests fail and /ready is 503."""
     completion_default_max_tokens: int = 16
     """`/v1/completions` without max_tokens (OpenAI's default); chat uses the room left in the context."""
     max_body_bytes: int = 4 * 1024 * 1024
     """Larger request bodies get a 413 before they are buffered (a whole context of text is ~100 KB)."""
     body_timeout_s: float = 30.0
     """A request body must arrive whole within this (after the key was verified), else a 408."""
+    redis_timeout_s: float = 1.0
+    """Connect timeout of a Redis call (reads wait at least 2 s): past it, admission fails closed with a 503."""
+    redis_max_connections: int = 64
+    redis_pool_wait_s: float = 5.0
+    """How long a request waits for a pooled Redis connection while all are busy."""
+    request_deadline_s: float | None = None
+    """Each request is aborted and settled after this long (None: no deadline); enforced by serving."""
+    drain_s: float = 30.0
+    """After SIGTERM, open requests get this long to finish before they end with an error event."""
+    trusted_request_id: bool = False
+    """Use the client's x-request-id (set by a proxy in front that we trust) instead of our own."""
+    cors_origins: tuple[str, ...] = ()
+    """Browser origins allowed to call the API (CORS); empty: no CORS headers."""
+    tls_certfile: str | None = None
+    tls_keyfile: str | None = None
+    """HTTPS for the listener (uvicorn): both or neither."""
+    metrics_dir: str | None = None
+    """Where worker processes keep their metric values (PROMETHEUS_MULTIPROC_DIR); None: a fresh temp dir."""
     log_level: str = "info"
+    log_format: str = "text"
+    """"text", or "json": one JSON object a line (python-json-logger)."""
     workers: int = 1
     """Gateway processes sharing the port (uvicorn workers); each has its own engine client and tokenizer."""
+
+    def __post_init__(self) -> None:
+        checks = [
+            (1 <= self.port <= 65535, "--port", "must be in 1..65535"),
+            (self.workers >= 1, "--workers", "must be at least 1"),
+            (self.max_body_bytes >= 1024, "--max-body-bytes", "must be at least 1024"),
+            (self.engine_connect_timeout_s > 0, "--engine-timeout", "must be positive"),
+            (self.engine_poll_interval_s > 0, "--engine-poll-interval", "must be positive"),
+            (self.engine_retry_interval_s > 0, "--engine-retry-interval", "must be positive"),
+            (self.engine_stall_s > self.engine_poll_interval_s, "--engine-stall",
+             "must be longer than --engine-poll-interval"),
+            (self.redis_timeout_s > 0, "--redis-timeout", "must be positive"),
+            (self.redis_max_connections >= 1, "--redis-max-connections", "must be at least 1"),
+            (self.redis_pool_wait_s > 0, "--redis-pool-wait", "must be positive"),
+            (self.request_deadline_s is None or self.request_deadline_s > 0, "--request-deadline",
+             "must be positive (or 0 for none)"),
+            (self.drain_s >= 0, "--drain-time", "must be 0 or more"),
+            (self.completion_default_max_tokens >= 1, "--completion-default-max-tokens", "must be at least 1"),
+            ((self.tls_certfile is None) == (self.tls_keyfile is None), "--tls-certfile",
+             "and --tls-keyfile go together"),
+            (self.log_format in ("text", "json"), "--log-format", "must be text or json"),
+            (self.log_level.lower() in ("critical", "error", "warning", "info", "debug"), "--log-level",
+             "must be one of critical, error, warning, info, debug"),
+        ]
+        for ok, flag, problem in checks:
+            if not ok:
+                raise ConfigError(f"invalid setting {flag}: {problem}")

@@ -164,6 +164,8 @@ class EngineClient:
         self._stats_waiters: collections.deque[asyncio.Future[Stats]] = collections.deque()
         self._model_info: Ready | None = None
         self._dead: EngineDeadError | None = None
+        self.last_step = -1
+        """The newest engine step counter seen in StepOutputs (the engine's heartbeat, gateway/engine_link.py)."""
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -270,6 +272,11 @@ class EngineClient:
         await self._send(GetStats())
         return await asyncio.wait_for(waiter, timeout)
 
+    def fail(self, reason: str) -> None:
+        """Give up on the engine (it stalled, or this gateway is stopping): every open stream gets
+        EngineDeadError(reason) and the client is unhealthy from now on."""
+        self._fail_all(EngineDeadError(reason))
+
     @property
     def num_open_streams(self) -> int:
         return len(self._streams)
@@ -312,6 +319,7 @@ class EngineClient:
 
     def _dispatch(self, msg: Message) -> None:
         if isinstance(msg, StepOutputs):
+            self.last_step = max(self.last_step, msg.step)
             for delta in msg.deltas:
                 self._route(delta.request_id, delta)
             for fin in msg.finished:

@@ -129,6 +129,11 @@ async def tenancy_error_handler(request: Request, exc: Exception) -> Response:
     from gateway.tenancy.errors import QuotaExceeded, TenancyUnavailable
 
     if isinstance(exc, QuotaExceeded):
+        from gateway.request_context import record_of
+
+        record = record_of(request)
+        if record is not None:
+            record.refusal = exc.limit or exc.limit_type
         return JSONResponse(exc.body(), status_code=429, headers=exc.headers)
     if isinstance(exc, TenancyUnavailable):
         return ServiceUnavailable(exc.message, code="service_unavailable").response()

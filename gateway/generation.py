@@ -70,6 +70,14 @@ class Caller(Protocol):
 
 
 @dataclass(frozen=True)
+class Observer(Protocol):
+    """Sees a request's tokens arrive and its end (gateway/request_context.py's RequestRecord: metrics, logs)."""
+
+    def on_tokens(self, num_tokens: int) -> None: ...
+    def on_end(self, prompt: int, completion: int, cached: int, outcome: str, reasons: list[str]) -> None: ...
+
+
+@dataclass(frozen=True)
 class ChoiceDelta:
     index: int
     text: str
@@ -112,6 +120,8 @@ class Generation:
     ticket: Ticket | None = None
     """The request's quota reservation (gateway/tenancy/admission.py), settled by `close`;
     None runs without quotas (unit tests)."""
+    observer: Observer | None = None
+    """Told of token arrivals and the end (metrics and the access log); None in unit tests."""
     failed: bool = field(init=False, default=False)
     """The request ended in an error (engine or internal), not by finishing or a client leaving."""
     usage: Usage = field(init=False)
@@ -196,6 +206,8 @@ class Generation:
     def _text_deltas(self, sample: _Sample, item: TokenDelta) -> list[ChoiceDelta]:
         self.usage.cached_tokens = item.num_cached_tokens
         self.usage.completion_tokens += len(item.new_token_ids)
+        if self.observer is not None:
+            self.observer.on_tokens(len(item.new_token_ids))
         text = sample.detok.push(item.new_token_ids)
         if sample.detok.num_tokens < self.sampling.min_tokens:
             # Like stop token ids, stop strings do not count before min_tokens (vLLM's rule).
@@ -233,6 +245,9 @@ class Generation:
         reasons = ",".join(s.finish_reason or "-" for s in self._samples)
         outcome = "failed" if self.failed else "aborted" if cut and "-" in reasons else reasons
         u = self.usage
+        if self.observer is not None:
+            self.observer.on_end(u.prompt_tokens, u.completion_tokens, u.cached_tokens, outcome,
+                                 [s.finish_reason or "-" for s in self._samples])
         log.info("%s tenant=%s %s prompt=%d completion=%d cached=%d %.2fs", self.request_id, self.caller.tenant_id,
                  outcome, u.prompt_tokens, u.completion_tokens, u.cached_tokens, time.time() - self.arrival_time)
 

@@ -19,8 +19,12 @@ from gateway.logprobs import LogprobEntry, token_bytes
 Endpoint = Literal["chat", "completion"]
 
 
+def id_prefix(endpoint: Endpoint) -> str:
+    return "chatcmpl-" if endpoint == "chat" else "cmpl-"
+
+
 def new_request_id(endpoint: Endpoint) -> str:
-    return ("chatcmpl-" if endpoint == "chat" else "cmpl-") + uuid.uuid4().hex
+    return id_prefix(endpoint) + uuid.uuid4().hex
 
 
 def usage_body(usage: Usage) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import anyio
@@ -25,7 +26,8 @@ from gateway.auth import admit
 from gateway.errors import APIError, InternalError, InvalidRequest
 from gateway.generation import Generation, check_context
 from gateway.logprobs import LogprobEntry
-from gateway.openai_format import Endpoint, ResponseFormat, new_request_id
+from gateway.openai_format import Endpoint, ResponseFormat, id_prefix, new_request_id
+from gateway.request_context import record_of
 from gateway.schemas import GenerationSettings
 from gateway.sse import DONE, SSEResponse, sse_event
 from gateway.state import EngineHandle, GatewayState
@@ -98,10 +100,19 @@ async def serve(request: Request, state: GatewayState, plan: Plan, key: str) -> 
     Settlement runs after the last byte is handed to the server, so it never delays the client.
     """
     settings = plan.settings
-    fmt = ResponseFormat(plan.endpoint, new_request_id(plan.endpoint), plan.engine.model_info.model_name,
-                         settings.include_usage, settings.continuous_usage)
-    caller, ticket = await admit(key, state.store, state.admission, len(plan.prompt.token_ids),
-                                 reservation(plan, state.admission))
+    record = record_of(request)
+    request_id = record.engine_id(id_prefix(plan.endpoint)) if record is not None else new_request_id(plan.endpoint)
+    fmt = ResponseFormat(plan.endpoint, request_id, plan.engine.model_info.model_name, settings.include_usage,
+                         settings.continuous_usage)
+    admission_started = time.perf_counter()
+    try:
+        caller, ticket = await admit(key, state.store, state.admission, len(plan.prompt.token_ids),
+                                     reservation(plan, state.admission))
+    finally:
+        if record is not None:
+            record.admission_s = time.perf_counter() - admission_started
+    if record is not None:
+        record.tenant, record.model_name = caller.tenant, fmt.model
     # From here on the request is admitted: every path ends in exactly one settlement (gen.close()).
     try:
         gen = Generation(
@@ -112,6 +123,7 @@ async def serve(request: Request, state: GatewayState, plan: Plan, key: str) -> 
             caller=caller,
             tokenizer=state.prompts.tokenizer,
             ticket=ticket,
+            observer=record,
         )
     except BaseException:
         if ticket is not None:
@@ -122,6 +134,8 @@ async def serve(request: Request, state: GatewayState, plan: Plan, key: str) -> 
     except BaseException:
         await gen.close()
         raise
+    if record is not None:
+        record.submitted = True
     if settings.stream:
         return SSEResponse(_stream_events(gen, fmt), on_close=gen.close, headers=gen.response_headers)
     try:

@@ -39,6 +39,17 @@ class EngineSource(Protocol):
 
     @property
     def client(self) -> EngineHandle | None: ...
+    @property
+    def progressing(self) -> bool:
+        """Connected, and the engine's loop made progress within the stall time."""
+        ...
+    @property
+    def latest_stats(self) -> Stats | None: ...
+    @property
+    def last_failure(self) -> str: ...
+    def fail_open(self, reason: str) -> None:
+        """End every open request of this gateway with `reason`."""
+        ...
 
 
 class HealthCheck(Protocol):
@@ -87,12 +98,14 @@ async def open_services(config: GatewayConfig) -> AsyncIterator[GatewayState]:
     from gateway.tenancy.store import TenantStore
 
     prompts = await Prompts.load(config.model)
-    redis = connect(config.redis_url)
+    redis = connect(config.redis_url, timeout_s=config.redis_timeout_s, max_connections=config.redis_max_connections,
+                    pool_wait_s=config.redis_pool_wait_s)
     store = TenantStore(redis, prefix=config.redis_prefix, actor="gateway")
     admission = Admission(redis, prefix=config.redis_prefix, config=config.admission)
     link: EngineLink | ReplicaSet = (
         open_replicas(config.replicas, redis, config.redis_prefix) if config.replicas.enabled
-        else EngineLink(config.engine_address, retry_interval_s=config.engine_retry_interval_s))
+        else EngineLink(config.engine_address, retry_interval_s=config.engine_retry_interval_s,
+                        poll_interval_s=config.engine_poll_interval_s, stall_s=config.engine_stall_s))
     try:
         await link.start(config.engine_connect_timeout_s)
         yield GatewayState(config=config, engine=link, prompts=prompts, store=store, redis=store,

@@ -12,6 +12,7 @@ $PAGESERVE_REDIS_PREFIX, default "ps"). Every change lands in the audit log.
     pageserve admin quota show TENANT [--key KEY_ID]
     pageserve admin usage show [TENANT [--by-key]] [--key KEY_ID] [--since DATE] [--until DATE] [--json]
     pageserve admin audit show [--limit N]
+    pageserve admin install-units [--root DIR] [--memory-max 24G]   # systemd units (ops/units.py)
 
 Exit status: 0 done, 1 refused (unknown tenant, duplicate, bad value), 2 usage
 error, 3 Redis unreachable. A plaintext key is printed only by `key create`
@@ -131,6 +132,10 @@ async def _run(a: argparse.Namespace) -> int:
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["install-units"]:  # needs no Redis: systemd units and env files (ops/units.py)
+        from ops.units import main as install_units
+
+        return install_units(argv[1:])
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

@@ -190,6 +190,29 @@ class GetStats:
 
 
 @dataclass(frozen=True)
+class PriorityLoad:
+    """Requests in flight at one priority level (nested in Stats)."""
+
+    TAG: ClassVar[int] = 13
+    priority: int
+    queued: int
+    """Accepted, no token produced yet (waiting, or in prefill)."""
+    running: int
+    """Producing tokens."""
+
+
+@dataclass(frozen=True)
+class TenantLoad:
+    """One tenant's part of the engine (nested in Stats): the basis of its fair share."""
+
+    TAG: ClassVar[int] = 14
+    tenant_id: str
+    in_flight: int
+    generated_tokens: int
+    """Since the engine started."""
+
+
+@dataclass(frozen=True)
 class Stats:
     TAG: ClassVar[int] = 8
     num_running: int
@@ -211,6 +234,24 @@ class Stats:
     """Total time inside the core's steps (model + scheduler) since start."""
     loop_seconds: float = 0.0
     """Total time of busy loop turns (steps plus message I/O); minus step_seconds: the server's overhead."""
+    num_prompt_tokens: int = 0
+    """Prompt tokens of requests that produced their first token, since start (vllm:prompt_tokens)."""
+    num_generation_tokens: int = 0
+    """Tokens generated (all samples), since start (vllm:generation_tokens)."""
+    prefix_cache_queries: int = 0
+    """Prompt tokens looked up in the prefix cache, since start."""
+    prefix_cache_hits: int = 0
+    """Of those, tokens found (their KV was reused)."""
+    num_swaps_out: int = 0
+    """Preemptions that moved the victim's KV to the CPU pool (the rest of num_preemptions recomputed)."""
+    num_recomputes: int = 0
+    num_free_cpu_blocks: int = 0
+    num_total_cpu_blocks: int = 0
+    started_at: float = 0.0
+    """The engine process's time.time() at start: a change means the engine was restarted."""
+    by_priority: list[PriorityLoad] = field(default_factory=list)
+    by_tenant: list[TenantLoad] = field(default_factory=list)
+    """Tenants with requests in flight or tokens generated since start."""
 
 
 @dataclass(frozen=True)
@@ -227,8 +268,8 @@ _CODEC = Codec(_TOP_LEVEL)
 
 __all__ = [
     "PROTOCOL_VERSION", "SHUTTING_DOWN", "ErrorKind", "FinishReason", "Message", "ProtocolError", "decode", "encode",
-    "Hello", "Ready", "SamplingDefault", "AddRequest", "Abort", "StepOutputs", "TokenDelta", "TokenLogprob", "Finished", "Usage",
-    "Error", "GetStats", "Stats", "Bye",
+    "Hello", "Ready", "SamplingDefault", "AddRequest", "Abort", "StepOutputs", "TokenDelta", "TokenLogprob",
+    "Finished", "Usage", "Error", "GetStats", "Stats", "PriorityLoad", "TenantLoad", "Bye",
 ]
 
 

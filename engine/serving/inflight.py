@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from engine.outputs import RequestDelta
-from shared.protocol import AddRequest, Finished, FinishReason, TokenDelta, Usage
+from shared.protocol import AddRequest, Finished, FinishReason, PriorityLoad, TenantLoad, TokenDelta, Usage
 
 log = logging.getLogger("pageserve.engine")
 
@@ -37,6 +37,7 @@ class _Entry:
     """time.monotonic() of the first generated token (time to first token, in the finish line)."""
     num_output: dict[int, int] = field(default_factory=dict)
     num_cached: int = 0
+    priority: int = 0
 
 
 class InFlightTable:
@@ -44,6 +45,8 @@ class InFlightTable:
         self._entries: dict[str, _Entry] = {}
         self.num_finished = 0
         """Requests whose every sample finished (any reason) since start."""
+        self.tokens_by_tenant: dict[str, int] = {}
+        """Tokens generated per tenant since start (Stats.by_tenant: fair share on /metrics)."""
 
     def __contains__(self, request_id: str) -> bool:
         return request_id in self._entries
@@ -57,7 +60,7 @@ class InFlightTable:
     def add(self, add: AddRequest, gateway: bytes) -> None:
         assert add.request_id not in self._entries, add.request_id
         self._entries[add.request_id] = _Entry(gateway, len(add.prompt_token_ids), set(range(add.sampling.n)),
-                                               add.tenant_id, time.monotonic())
+                                               add.tenant_id, time.monotonic(), priority=add.priority)
 
     def owned(self, gateway: bytes, request_ids: Iterable[str]) -> list[str]:
         """The ids among these that are in flight and were sent by this gateway."""
@@ -77,6 +80,8 @@ class InFlightTable:
             entry.num_output[d.index] = d.num_output_tokens
             entry.num_cached = d.num_cached_tokens
             if d.new_token_ids:
+                self.tokens_by_tenant[entry.tenant_id] = self.tokens_by_tenant.get(entry.tenant_id, 0) + len(
+                    d.new_token_ids)
                 if entry.first_token_at is None:
                     entry.first_token_at = time.monotonic()
                 token_deltas.append(TokenDelta(d.request_id, d.index, list(d.new_token_ids), d.num_prompt_tokens,
@@ -84,6 +89,18 @@ class InFlightTable:
             if d.finish_reason is not None:
                 finished.append(self._finish_one(d.request_id, d.index, d.finish_reason))  # type: ignore[arg-type]
         return out
+
+    def loads(self) -> tuple[list[PriorityLoad], list[TenantLoad]]:
+        """Requests in flight by priority (queued: no token yet) and by tenant, with tokens per tenant."""
+        by_priority: dict[int, list[int]] = {}
+        in_flight: dict[str, int] = {}
+        for e in self._entries.values():
+            counts = by_priority.setdefault(e.priority, [0, 0])
+            counts[e.first_token_at is not None] += 1
+            in_flight[e.tenant_id] = in_flight.get(e.tenant_id, 0) + 1
+        tenants = sorted(set(in_flight) | set(self.tokens_by_tenant))
+        return ([PriorityLoad(p, q, r) for p, (q, r) in sorted(by_priority.items())],
+                [TenantLoad(t, in_flight.get(t, 0), self.tokens_by_tenant.get(t, 0)) for t in tenants])
 
     def finish_all(self, request_id: str, reason: FinishReason) -> list[Finished]:
         """End every unfinished sample of a request (abort): its Finished entries, with usage so far."""

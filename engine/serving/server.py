@@ -33,7 +33,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -44,6 +44,7 @@ from engine.request import Request
 from engine.serving.announce import add_announce_args, announced
 from engine.serving.inflight import InFlightTable
 from engine.serving.step_stats import CoreCounts, StepStats
+from shared.cli_env import add_env_twins
 from shared.protocol import (
     PROTOCOL_VERSION,
     SHUTTING_DOWN,
@@ -237,7 +238,8 @@ class EngineServer:
             self._on_abort(gateway, msg.request_ids)
         elif isinstance(msg, GetStats):
             counts = self.core.counts()
-            self._send(gateway, self.stats.snapshot(counts, len(self._gateways), self._inflight.num_finished))
+            self._send(gateway, self.stats.snapshot(counts, len(self._gateways), self._inflight.num_finished,
+                                                    self._inflight.loads()))
         elif isinstance(msg, Bye):
             self._forget_gateway(gateway, f"said goodbye ({msg.reason or 'no reason'})")
         else:
@@ -316,6 +318,7 @@ class EngineServer:
         step_end = time.perf_counter()
         for gateway, (token_deltas, finished) in self._inflight.route(deltas).items():
             self._send(gateway, StepOutputs(token_deltas, finished, self.stats.num_steps + 1))
+        self.stats.record_tokens(deltas)
         self.stats.record_step(len({d.request_id for d in deltas}), step_seconds=step_end - step_start,
                                loop_seconds=time.perf_counter() - started)
 
@@ -351,11 +354,13 @@ class EngineServer:
 # --------------------------------------------------------------------------- process entry
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
+    """The engine's flags; `environ` (default os.environ) supplies their PAGESERVE_* twins."""
     p = argparse.ArgumentParser(prog="pageserve engine", description="Run the engine process.")
     p.add_argument("--model", default="smollm2", help="short name or local Hugging Face folder")
     p.add_argument("--listen", default="tcp://127.0.0.1:5555", help="tcp://HOST:PORT or ipc:///PATH")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="weights and KV cache precision")
     p.add_argument("--max-model-len", type=int, default=None, help="default: the smaller of the model's context and 2048 (SchedulerConfig.max_model_len)")
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     p.add_argument("--kv-cache-memory", type=float, default=2.0, help="GiB for the device KV pool")
@@ -363,23 +368,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-blocks", type=int, default=None, help="force the device block count")
     p.add_argument("--max-num-seqs", type=int, default=64, help="most requests running at once")
     p.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget per step")
-    p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--no-prefix-caching", action="store_true", help="never reuse KV blocks of equal prompt prefixes")
     p.add_argument("--policy", default="priority", choices=["priority", "fcfs"],
                    help="admission order: (aged) priority then fair share, or arrival only")
-    p.add_argument("--preemption-mode", default="auto", choices=["auto", "swap", "recompute"])
+    p.add_argument("--preemption-mode", default="auto", choices=["auto", "swap", "recompute"],
+                   help="what a preempted request's KV becomes: swapped to CPU, dropped, or chosen per victim")
     p.add_argument("--preemption-priority-gap", type=int, default=1,
                    help="levels more urgent a waiting request must be to preempt a running one")
     p.add_argument("--aging-rate", type=float, default=0.1, help="priority levels gained per second waited")
-    p.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"],
+                   help="attention kernels: Triton on a GPU, our C/torch path on a CPU (auto picks)")
+    p.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:1 ...")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--shutdown-grace", type=float, default=5.0, help="seconds in-flight requests get on SIGTERM")
-    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--log-level", default="INFO", help="CRITICAL, ERROR, WARNING, INFO or DEBUG")
     add_announce_args(p)
     p.add_argument("--default-sampling", default=None, metavar="JSON",
                    help="sampling defaults for fields a request leaves out, over the model's generation_config.json,"
                         " e.g. '{\"temperature\": 0.7, \"top_p\": 0.9}'")
+    add_env_twins(p, ENV_PREFIX, ENV_NAMES, environ)  # every flag also reads PAGESERVE_ENGINE_<FLAG> (shared/cli_env.py)
     return p
+
+
+ENV_PREFIX = "PAGESERVE_ENGINE_"
+ENV_NAMES = {"model": "PAGESERVE_MODEL"}
+"""The model is named the same for the engine and the gateway (they must agree)."""
 
 
 def _exit_during_startup(signum: int, frame: object) -> None:

@@ -1,20 +1,26 @@
 """Counters the engine server keeps about its own loop, merged with the core's counts into Stats.
 
 The core knows its queues and block pool (CoreCounts); the server knows how many
-steps ran and how many requests shared each step (the batching actually
-achieved). Plain Python: no torch, no zmq.
+steps ran, how many requests shared each step (the batching actually
+achieved) and how many prompt and generated tokens went out. `num_steps` is
+also the engine's heartbeat: a gateway that sees it stand still while work is
+in flight knows the loop is stuck (gateway/engine_link.py). Plain Python: no
+torch, no zmq.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 
-from shared.protocol import Stats
+from engine.outputs import RequestDelta
+from shared.protocol import PriorityLoad, Stats, TenantLoad
 
 
 @dataclass(frozen=True)
 class CoreCounts:
-    """A snapshot of the scheduler's queues and the KV block pool."""
+    """A snapshot of the scheduler's queues, the KV block pools and the scheduler's running totals."""
 
     num_running: int
     num_waiting: int
@@ -22,6 +28,12 @@ class CoreCounts:
     num_free_blocks: int
     num_total_blocks: int
     num_preemptions: int
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    num_swaps_out: int = 0
+    num_recomputes: int = 0
+    num_free_cpu_blocks: int = 0
+    num_total_cpu_blocks: int = 0
 
 
 @dataclass
@@ -34,6 +46,9 @@ class StepStats:
     """Time inside core.step() (the model and the scheduler)."""
     loop_seconds: float = 0.0
     """Time of whole busy loop turns: core.step() plus draining messages and sending outputs."""
+    num_prompt_tokens: int = 0
+    num_generation_tokens: int = 0
+    started_at: float = field(default_factory=time.time)
 
     def record_step(self, num_requests: int, step_seconds: float = 0.0, loop_seconds: float = 0.0) -> None:
         self.num_steps += 1
@@ -42,7 +57,15 @@ class StepStats:
         self.step_seconds += step_seconds
         self.loop_seconds += loop_seconds
 
-    def snapshot(self, core: CoreCounts, num_gateways: int, num_finished: int) -> Stats:
+    def record_tokens(self, deltas: Iterable[RequestDelta]) -> None:
+        """Count generated tokens, and a request's prompt once, with the first token of its first sample."""
+        for d in deltas:
+            self.num_generation_tokens += len(d.new_token_ids)
+            if d.index == 0 and d.new_token_ids and d.num_output_tokens == len(d.new_token_ids):
+                self.num_prompt_tokens += d.num_prompt_tokens
+
+    def snapshot(self, core: CoreCounts, num_gateways: int, num_finished: int,
+                 loads: tuple[list[PriorityLoad], list[TenantLoad]] = ([], [])) -> Stats:
         mean = self.total_requests_in_steps / self.num_steps if self.num_steps else 0.0
         return Stats(
             num_running=core.num_running, num_waiting=core.num_waiting, num_swapped=core.num_swapped,
@@ -51,4 +74,9 @@ class StepStats:
             num_aborted=self.num_aborted, max_requests_per_step=self.max_requests_per_step,
             mean_requests_per_step=mean, num_gateways=num_gateways,
             step_seconds=self.step_seconds, loop_seconds=self.loop_seconds,
+            num_prompt_tokens=self.num_prompt_tokens, num_generation_tokens=self.num_generation_tokens,
+            prefix_cache_queries=core.prefix_cache_queries, prefix_cache_hits=core.prefix_cache_hits,
+            num_swaps_out=core.num_swaps_out, num_recomputes=core.num_recomputes,
+            num_free_cpu_blocks=core.num_free_cpu_blocks, num_total_cpu_blocks=core.num_total_cpu_blocks,
+            started_at=self.started_at, by_priority=loads[0], by_tenant=loads[1],
         )

@@ -20,7 +20,7 @@ from gateway.replicas.counters import RoutingCounters
 from gateway.replicas.failover import FailoverStream
 from gateway.replicas.policy import affinity_key, choose
 from gateway.replicas.replica import Replica
-from shared.protocol import AddRequest, Ready, Stats
+from shared.protocol import AddRequest, PriorityLoad, Ready, Stats, TenantLoad
 
 
 class LiveSet(Protocol):
@@ -72,7 +72,27 @@ class Router:
         parts = await asyncio.gather(*(r.client.stats(timeout) for r in self._replicas.live()))
         if not parts:
             raise EngineDeadError("no live engine replica")
-        total = Stats(*(sum(getattr(s, f.name) for s in parts) for f in dataclasses.fields(Stats)))
-        return dataclasses.replace(
-            total, max_requests_per_step=max(s.max_requests_per_step for s in parts),
-            mean_requests_per_step=sum(s.mean_requests_per_step for s in parts) / len(parts))
+        return combined_stats(parts)
+
+
+def combined_stats(parts: list[Stats]) -> Stats:
+    """Counts added up; per-step figures the largest and the mean of means; the earliest start;
+    per-priority and per-tenant loads added up by their key (one series each in /metrics)."""
+    numbers = [f.name for f in dataclasses.fields(Stats) if f.name not in ("by_priority", "by_tenant")]
+    total = Stats(*(sum(getattr(s, name) for s in parts) for name in numbers))
+    priorities: dict[int, list[int]] = {}
+    for load in (p for s in parts for p in s.by_priority):
+        counts = priorities.setdefault(load.priority, [0, 0])
+        counts[0] += load.queued
+        counts[1] += load.running
+    tenants: dict[str, list[int]] = {}
+    for t in (t for s in parts for t in s.by_tenant):
+        counts = tenants.setdefault(t.tenant_id, [0, 0])
+        counts[0] += t.in_flight
+        counts[1] += t.generated_tokens
+    return dataclasses.replace(
+        total, max_requests_per_step=max(s.max_requests_per_step for s in parts),
+        mean_requests_per_step=sum(s.mean_requests_per_step for s in parts) / len(parts),
+        started_at=min(s.started_at for s in parts),
+        by_priority=[PriorityLoad(p, q, r) for p, (q, r) in sorted(priorities.items())],
+        by_tenant=[TenantLoad(t, f, g) for t, (f, g) in sorted(tenants.items())])

@@ -147,7 +147,7 @@ def rejection(fields: list[int | str], headers: dict[str, str]) -> QuotaExceeded
                    f"requested {need}. Please try again in {format_duration(retry_ms)}.")
     exc = QuotaExceeded(message=message, limit_type="tokens" if field.endswith(("tpm", "tokens")) else "requests",
                         code="insufficient_quota" if budget else "rate_limit_exceeded",
-                        retry_after_ms=retry_ms, fits=bool(fits))
+                        retry_after_ms=retry_ms, fits=bool(fits), limit=field)
     exc.headers = {**headers, "retry-after": str(exc.retry_after_s), "retry-after-ms": str(retry_ms)}
     return exc
 

@@ -71,6 +71,8 @@ class QuotaExceeded(TenancyError):
     headers: dict[str, str] = field(default_factory=dict)
     fits: bool = True
     """False when the request alone exceeds the limit: retrying it cannot succeed."""
+    limit: str = ""
+    """Which limit refused it: rpm, input_tpm, output_tpm, concurrency, daily_tokens, monthly_tokens."""
 
     status_code = 429
 

@@ -55,13 +55,14 @@ def echo_script(request: Any) -> Script:
 def make_gateway(tokenizer: Any, redis_url: str) -> Iterator[Callable[..., GatewayHarness]]:
     stack = contextlib.ExitStack()
 
-    def build(script: Callable[[Any], Script] = echo_script) -> GatewayHarness:
+    def build(script: Callable[[Any], Script] = echo_script, **settings: Any) -> GatewayHarness:
+        """`settings`: GatewayConfig fields to change (trusted_request_id, cors_origins ...)."""
         from gateway.tenancy.redis_conn import connect
         from gateway.tenancy.store import TenantStore
 
         engine = FakeEngine(script)
         prefix = "t" + uuid.uuid4().hex[:8]
-        config = GatewayConfig(redis_url=redis_url, redis_prefix=prefix)
+        config = GatewayConfig(redis_url=redis_url, redis_prefix=prefix, **settings)
 
         @contextlib.asynccontextmanager
         async def services(cfg: GatewayConfig) -> AsyncIterator[GatewayState]:

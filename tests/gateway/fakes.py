@@ -115,3 +115,13 @@ class FakeEngineSource:
     @property
     def client(self) -> FakeEngine | None:
         return None if self.engine.dead else self.engine
+
+    @property
+    def progressing(self) -> bool:
+        return not self.engine.dead
+
+    latest_stats = None
+    last_failure = ""
+
+    def fail_open(self, reason: str) -> None:
+        self.engine.dead = True

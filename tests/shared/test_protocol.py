@@ -19,11 +19,13 @@ from shared.protocol import (
     GetStats,
     Hello,
     Message,
+    PriorityLoad,
     ProtocolError,
     Ready,
     SamplingDefault,
     Stats,
     StepOutputs,
+    TenantLoad,
     TokenDelta,
     TokenLogprob,
     Usage,
@@ -45,7 +47,8 @@ SAMPLES: dict[str, Message] = {
     ),
     "Error": Error("req-1", "request", "prompt too long"),
     "GetStats": GetStats(),
-    "Stats": Stats(1, 2, 3, 90, 100, 4, 5, 6, 7, 8, 2.5, 1),
+    "Stats": Stats(1, 2, 3, 90, 100, 4, 5, 6, 7, 8, 2.5, 1, 0.5, 1.5, 10, 20, 30, 12, 2, 1, 50, 60, 1700000000.5,
+                   [PriorityLoad(0, 1, 2)], [TenantLoad("t_1", 3, 40)]),
     "Bye": Bye("closing"),
 }
 
@@ -63,17 +66,33 @@ GOLDEN_HEX = {
     "StepOutputs": "94059197a57265712d3100922ace00011170030200909194a57265712d3100a66c656e6774689303020009",
     "Error": "9506a57265712d31a772657175657374af70726f6d707420746f6f206c6f6e67a0",
     "GetStats": "9107",
-    "Stats": "9f080102035a640405060708cb400400000000000001cb0000000000000000cb0000000000000000",
+    "Stats": (
+        "dc001a080102035a640405060708cb400400000000000001cb3fe0000000000000cb3ff80000000000000a141e0c0201323c"
+        "cb41d954fc4020000091930001029193a3745f310328"
+    ),
     "Bye": "9209a7636c6f73696e67",
 }
 
-# Frames of earlier versions of a message (before fields were appended): they must still decode.
+# Frames of earlier versions of a message (before fields were appended): they must still decode,
+# to the message with the appended fields at their defaults.
+_STATS_V1 = Stats(1, 2, 3, 90, 100, 4, 5, 6, 7, 8, 2.5, 1)
 OLDER_PEER_HEX = {
-    "Error": "9406a57265712d31a772657175657374af70726f6d707420746f6f206c6f6e67",  # before code
-    "Stats": "9d080102035a640405060708cb400400000000000001",  # before step_seconds, loop_seconds
-    "Ready": "970201a7736d6f6c6c6d32cd20001002cd03e8",  # before vocab_size, default_sampling
-    "StepOutputs": "94059196a57265712d3100922ace000111700302009194a57265712d3100a66c656e6774689303020009",
-    # ^ its TokenDelta before logprobs
+    "Error": ("9406a57265712d31a772657175657374af70726f6d707420746f6f206c6f6e67", SAMPLES["Error"]),  # before code
+    # before step_seconds, loop_seconds
+    "Stats": ("9d080102035a640405060708cb400400000000000001", _STATS_V1),
+    # before the token, prefix-cache, swap and start-time fields (the metrics of issue 12)
+    "Stats with loop times": (
+        "9f080102035a640405060708cb400400000000000001cb0000000000000000cb0000000000000000", _STATS_V1),
+    # before by_priority and by_tenant
+    "Stats with token counts": (
+        "dc0018080102035a640405060708cb400400000000000001cb3fe0000000000000cb3ff80000000000000a141e0c0201323c"
+        "cb41d954fc40200000",
+        Stats(1, 2, 3, 90, 100, 4, 5, 6, 7, 8, 2.5, 1, 0.5, 1.5, 10, 20, 30, 12, 2, 1, 50, 60, 1700000000.5)),
+    # before vocab_size, default_sampling
+    "Ready": ("970201a7736d6f6c6c6d32cd20001002cd03e8", SAMPLES["Ready"]),
+    # its TokenDelta before logprobs
+    "StepOutputs": (
+        "94059196a57265712d3100922ace000111700302009194a57265712d3100a66c656e6774689303020009", SAMPLES["StepOutputs"]),
 }
 
 # Messages using the fields appended for sampling features (logprobs, penalties, defaults), frozen too.
@@ -127,7 +146,8 @@ def test_a_bad_logit_bias_entry_is_named() -> None:
 
 @pytest.mark.parametrize("name", sorted(OLDER_PEER_HEX))
 def test_frames_of_older_peers_still_decode(name: str) -> None:
-    assert decode(bytes.fromhex(OLDER_PEER_HEX[name])) == SAMPLES[name]
+    frame, expected = OLDER_PEER_HEX[name]
+    assert decode(bytes.fromhex(frame)) == expected
 
 
 @pytest.mark.parametrize("name", sorted(SAMPLES))
