@@ -10,6 +10,8 @@ BENCHMARKS = {
     "priority": "ops.bench.priority",
     "admission": "ops.bench.admission",
     "streaming": "ops.bench.streaming",
+    "serve": "ops.bench.serve",
+    "memory": "ops.bench.memory",
 }
 
 
