@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from dataclasses import asdict, dataclass
 
@@ -146,7 +147,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--plot", metavar="DIR")
     p.add_argument("--json", metavar="PATH")
     args = p.parse_args(argv)
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else 200)
     blocks = args.budget_tokens // args.block_size
     core = EngineCore(EngineConfig(
         model=ModelConfig(model=args.model, dtype=args.dtype),

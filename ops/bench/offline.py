@@ -192,7 +192,8 @@ def main(argv: list[str]) -> int:
         print(format_profile(prof), flush=True)
         results["profile"] = asdict(prof)
     for caching in settings:
-        peer = run_offline(args.vllm_python, str(core.model_info.path), args.dtype, w, caching)
+        peer = run_offline(args.vllm_python, str(core.model_info.path), args.dtype, w, caching,
+                           threads=args.threads)
         print(f"  {peer.name}: " + (peer.error or f"{peer.seconds:.1f}s, {peer.tok_s:.1f} output tok/s"), flush=True)
         rows.append(peer)
     if not args.skip_hf:

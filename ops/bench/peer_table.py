@@ -7,6 +7,8 @@ skipped. Rendering only: the numbers come from the commands that measured them.
 
 from __future__ import annotations
 
+import sys
+
 from rich.console import Console
 from rich.table import Table
 
@@ -31,4 +33,4 @@ def peer_table(rows: list[PeerResult], title: str) -> Table:
 
 
 def print_peer_table(rows: list[PeerResult], title: str, console: Console | None = None) -> None:
-    (console or Console()).print(peer_table(rows, title))
+    (console or Console(width=None if sys.stdout.isatty() else 200)).print(peer_table(rows, title))

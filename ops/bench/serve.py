@@ -24,7 +24,9 @@ import argparse
 import asyncio
 import platform
 import shlex
+import signal
 import statistics
+import sys
 from typing import Any
 
 import httpx
@@ -37,11 +39,11 @@ from ops.bench.openai_client import ENDPOINTS, Target, send_openai
 from ops.bench.serve_report import RunResult, plot, print_results, tenant_table, write_json
 from ops.bench.serve_stats import Slo
 from ops.bench.stack import SpawnedStack
-from ops.bench.workloads import LIGHT, WORKLOADS, Workload, get_workload
+from ops.bench.workloads import LIGHT, WORKLOADS, Workload, get_workload, make_random
 from ops.launcher import free_port
 from shared.model_store import resolve_model
 
-console = Console()
+console = Console(width=None if sys.stdout.isatty() else 200)  # logs keep whole rows
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -54,9 +56,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--engine-args", default="", help="extra `pageserve engine` flags with --spawn, as one string")
     p.add_argument("--model", default="smollm2")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="spawned engine and vLLM")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads for the spawned engine and for vLLM (default: each one's own choice)")
     p.add_argument("--endpoint", default="completions", choices=ENDPOINTS)
     p.add_argument("--workload", default="throughput", choices=list(WORKLOADS))
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--random", type=int, nargs=3, metavar=("N", "PROMPT", "OUTPUT"),
+                   help="instead of a named workload: N requests of PROMPT random ids and OUTPUT tokens each "
+                        "(to match another client's synthetic setup)")
     p.add_argument("--limit", type=int, default=None,
                    help="only the workload's first N requests (a quick look; the named workload is all of them)")
     p.add_argument("--request-rate", default="2", help="requests/s, Poisson; comma list sweeps; inf: all at once")
@@ -129,7 +136,8 @@ def run_ours(w: Workload, args: argparse.Namespace) -> list[RunResult]:
         target = Target("server", args.base_url, args.model, {"default": args.api_key, **keys}, args.endpoint,
                         _detokenizer(args))
         return run_target(target, w, args)
-    engine_args = ["--dtype", args.dtype, *shlex.split(args.engine_args)]
+    engine_args = ["--dtype", args.dtype, *(["--threads", str(args.threads)] if args.threads else []),
+                   *shlex.split(args.engine_args)]
     with SpawnedStack(args.model, w.tenants, engine_args) as stack:
         target = Target("pageserve", stack.base_url, args.model, stack.keys, args.endpoint, _detokenizer(args))
         return run_target(target, w, args, stack.engine_address if args.gateway_overhead else "")
@@ -140,7 +148,8 @@ def run_vllm(w: Workload, args: argparse.Namespace) -> list[RunResult]:
     slo = Slo(args.slo_ttft, args.slo_itl)
     if reason or args.vllm_python is None:
         return [RunResult("vLLM serve", "-", w.name, [], 0.0, slo, error=reason)]
-    server = vllm_peer.VllmServer(args.vllm_python, str(resolve_model(args.model).path), args.dtype, free_port())
+    server = vllm_peer.VllmServer(args.vllm_python, str(resolve_model(args.model).path), args.dtype, free_port(),
+                                  threads=args.threads)
     with server:
         console.print("starting vllm serve (a minute or more on 2 cores) ...")
         try:
@@ -174,7 +183,11 @@ def gateway_overhead(results: list[RunResult]) -> list[str]:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))  # unwind: the spawned stack stops too
     w = get_workload(args.workload, seed=args.seed)
+    if args.random:
+        n, plen, olen = args.random
+        w = make_random(n, (plen, plen), (olen, olen), seed=args.seed, name=f"random-{plen}-{olen}")
     if args.limit:
         w = Workload(f"{w.name}", w.requests[: args.limit], w.seed)
     console.print(f"workload {w.name}: {len(w.requests)} requests, {w.prompt_tokens} prompt + {w.output_tokens} "

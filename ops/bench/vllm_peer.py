@@ -53,8 +53,10 @@ class PeerResult:
         return self.output_tokens / self.seconds if self.seconds else None
 
 
-def peer_env() -> dict[str, str]:
+def peer_env(threads: int | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    if threads:  # the same thread count as ours in a same-run comparison
+        env["VLLM_CPU_OMP_THREADS_BIND"] = "0" if threads == 1 else f"0-{threads - 1}"
     env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0-1")
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
     env.setdefault("VLLM_TARGET_DEVICE", "cpu")  # its platform probe reads the `vllm` distribution's version
@@ -71,7 +73,7 @@ def missing_reason(python: str | None) -> str | None:
 
 
 def run_offline(python: str | None, model_dir: str, dtype: str, workload: Workload, prefix_caching: bool,
-                max_model_len: int = 2048) -> PeerResult:
+                max_model_len: int = 2048, threads: int | None = None) -> PeerResult:
     name = f"vLLM offline{' +prefix cache' if prefix_caching else ''}"
     reason = missing_reason(python)
     if reason or python is None:
@@ -82,7 +84,7 @@ def run_offline(python: str | None, model_dir: str, dtype: str, workload: Worklo
         spec_path = Path(tmp) / "spec.json"
         spec_path.write_text(json.dumps(spec))
         try:
-            done = subprocess.run([python, str(WORKER), "offline", str(spec_path)], env=peer_env(), cwd=tmp,
+            done = subprocess.run([python, str(WORKER), "offline", str(spec_path)], env=peer_env(threads), cwd=tmp,
                                   capture_output=True, text=True, timeout=OFFLINE_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             return PeerResult(name, error=f"failed: no result within {OFFLINE_TIMEOUT_S:g} s",
@@ -104,13 +106,13 @@ class VllmServer:
     """`vllm serve` on loopback for the HTTP comparison; stopped (SIGTERM, then SIGKILL) on exit."""
 
     def __init__(self, python: str, model_dir: str, dtype: str, port: int, prefix_caching: bool = True,
-                 served_name: str = "smollm2") -> None:
+                 served_name: str = "smollm2", threads: int | None = None) -> None:
         self.base_url = f"http://127.0.0.1:{port}"
         fd, self.log_path = tempfile.mkstemp(prefix="pageserve-vllm-serve-", suffix=".log")
         args = [python, str(WORKER), "serve", model_dir, "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype,
                 "--served-model-name", served_name, "--max-model-len", "2048", "--seed", "0",
                 "--enable-prefix-caching" if prefix_caching else "--no-enable-prefix-caching"]
-        self.proc = subprocess.Popen(args, env=peer_env(), stdout=fd, stderr=subprocess.STDOUT,
+        self.proc = subprocess.Popen(args, env=peer_env(threads), stdout=fd, stderr=subprocess.STDOUT,
                                      start_new_session=True)
         os.close(fd)  # the child keeps its own copy
 
