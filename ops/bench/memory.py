@@ -143,17 +143,23 @@ def main(argv: list[str]) -> int:
     p.add_argument("--workload", default="throughput", choices=list(WORKLOADS))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--budget-tokens", type=int, default=8192, help="device KV pool, in tokens")
+    p.add_argument("--limit", type=int, default=None, help="only the workload's first N requests")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--plot", metavar="DIR")
     p.add_argument("--json", metavar="PATH")
     args = p.parse_args(argv)
     console = Console(width=None if sys.stdout.isatty() else 200)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     blocks = args.budget_tokens // args.block_size
     core = EngineCore(EngineConfig(
         model=ModelConfig(model=args.model, dtype=args.dtype),
         cache=CacheConfig(block_size=args.block_size, swap_space=0, num_device_blocks=blocks),
         scheduler=SchedulerConfig(max_num_seqs=256, enable_prefix_caching=False)))
     w = get_workload(args.workload, core.model_info.vocab_size, args.seed)
+    if args.limit:
+        w = Workload(w.name, w.requests[: args.limit], w.seed)
     console.print(f"workload {w.name}: {len(w.requests)} requests, {w.prompt_tokens} prompt + {w.output_tokens} output "
                   f"tokens; {args.dtype}, {torch.get_num_threads()} threads; KV pool {blocks} blocks of {args.block_size}")
     samples = run(core, w)

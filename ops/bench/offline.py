@@ -140,6 +140,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--json", metavar="PATH", help="write the results as JSON")
     p.add_argument("--workload", default="throughput", choices=list(WORKLOADS),
                    help="named workload (ops/bench/workloads.py); the size flags above shape only `throughput`")
+    p.add_argument("--limit", type=int, default=None,
+                   help="only the first N requests of a named workload other than throughput (a quick look)")
     p.add_argument("--prefix-caching", default="off", choices=["off", "on", "both"],
                    help="engine (and vLLM) prefix caching; `both` runs each system with it off, then on")
     p.add_argument("--vllm-python", metavar="PATH",
@@ -159,7 +161,8 @@ def _engine_config(args: argparse.Namespace, prefix_caching: bool) -> EngineConf
 def _workload(args: argparse.Namespace, vocab: int) -> Workload:
     if args.workload == "throughput":  # the sizes stay adjustable; the defaults are the named workload
         return make_random(args.num_requests, tuple(args.prompt_len), tuple(args.output_len), vocab, args.seed)
-    return get_workload(args.workload, vocab, args.seed)
+    w = get_workload(args.workload, vocab, args.seed)
+    return Workload(w.name, w.requests[: args.limit], w.seed) if args.limit else w
 
 
 def main(argv: list[str]) -> int:
