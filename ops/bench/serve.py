@@ -8,6 +8,7 @@ Sends a named workload (ops/bench/workloads.py) with Poisson arrivals at each ra
 of `--request-rate` (a comma list is a sweep; `inf` sends all at once), capped by
 `--concurrency` when given, and reports TTFT, ITL, TPOT, e2e at p50/p90/p99, request
 and token throughput, goodput under `--slo-ttft`/`--slo-itl`, and errors by kind.
+Each system first gets two small unrecorded warm-up requests.
 `--spawn` starts our stack (redis, engine, gateway) for the run; `--gateway-overhead`
 then also sends the same arrivals to the engine alone over ZeroMQ, gateway and engine
 alternating (ABBA), and prints median TTFT through the gateway over the engine's.
@@ -39,7 +40,7 @@ from ops.bench.openai_client import ENDPOINTS, Target, send_openai
 from ops.bench.serve_report import RunResult, plot, print_results, tenant_table, write_json
 from ops.bench.serve_stats import Slo
 from ops.bench.stack import SpawnedStack
-from ops.bench.workloads import LIGHT, WORKLOADS, Workload, get_workload, make_random
+from ops.bench.workloads import LIGHT, WORKLOADS, Workload, WorkloadRequest, get_workload, make_random
 from ops.launcher import free_port
 from shared.model_store import resolve_model
 
@@ -111,6 +112,8 @@ def run_target(target: Target, w: Workload, args: argparse.Namespace, engine_add
     """Every load for one system (plus the engine alone, ABBA, or the light tenant alone, when asked)."""
     slo = Slo(args.slo_ttft, args.slo_itl)
     out = []
+    warm = [Arrival(i, WorkloadRequest(tuple(range(100, 116)), 4, w.requests[0].tenant), 0.0) for i in range(2)]
+    asyncio.run(_http_run(target, warm, args, "warm-up"))  # first-step costs are no one's latency
     for rate in rates(args.request_rate):
         label = load_label(rate, args.concurrency)
         arrivals = schedule(w, rate, args.seed)
