@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import platform
 import shlex
 import signal
@@ -40,7 +41,16 @@ from ops.bench.openai_client import ENDPOINTS, Target, send_openai
 from ops.bench.serve_report import RunResult, plot, print_results, tenant_table, write_json
 from ops.bench.serve_stats import Slo
 from ops.bench.stack import SpawnedStack
-from ops.bench.workloads import LIGHT, WORKLOADS, Workload, WorkloadRequest, get_workload, make_random
+from ops.bench.workloads import (
+    DEFAULT_VOCAB,
+    FIRST_ORDINARY_ID,
+    LIGHT,
+    WORKLOADS,
+    Workload,
+    WorkloadRequest,
+    get_workload,
+    make_random,
+)
 from ops.launcher import free_port
 from shared.model_store import resolve_model
 
@@ -108,6 +118,13 @@ async def _direct_run(address: str, arrivals: list[Arrival], args: argparse.Name
         return await run_load(direct.send, arrivals, args.concurrency, not args.no_progress, label)
 
 
+def uncached(req: WorkloadRequest) -> WorkloadRequest:
+    """The same request with another first token: the later run's identical prompt must not hit the prefix
+    cache this one fills (block hashes chain from the first block)."""
+    first = req.prompt[0] + 1 if req.prompt[0] + 1 < DEFAULT_VOCAB else FIRST_ORDINARY_ID
+    return dataclasses.replace(req, prompt=(first, *req.prompt[1:]))
+
+
 def run_target(target: Target, w: Workload, args: argparse.Namespace, engine_address: str = "") -> list[RunResult]:
     """Every load for one system (plus the engine alone, ABBA, or the light tenant alone, when asked)."""
     slo = Slo(args.slo_ttft, args.slo_itl)
@@ -118,7 +135,7 @@ def run_target(target: Target, w: Workload, args: argparse.Namespace, engine_add
         label = load_label(rate, args.concurrency)
         arrivals = schedule(w, rate, args.seed)
         if w.name == "multitenant":
-            alone = [a for a in arrivals if a.request.tenant == LIGHT]
+            alone = [Arrival(a.index, uncached(a.request), a.at) for a in arrivals if a.request.tenant == LIGHT]
             timings, secs = asyncio.run(_http_run(target, alone, args, f"{target.name} light alone"))
             out.append(RunResult(f"{target.name} (light alone)", label, w.name, timings, secs, slo))
         order = ["gateway", "engine", "engine", "gateway"] if engine_address else ["gateway"]

@@ -109,3 +109,10 @@ def test_memory_fits_and_waste() -> None:
     rep = report(samples, w, 400, 128)
     assert abs(rep["waste_at_peak"]["paged"] - (1 - 300 / 320)) < 1e-9
     assert rep["concurrency"]["paged_peak"] == 2 and rep["concurrency"]["paged_mean"] == 2.0
+
+
+def test_light_alone_phase_cannot_warm_the_prefix_cache_for_the_mixed_run() -> None:
+    req = WorkloadRequest((49_151, 30, 31), 4, "light")
+    other = serve.uncached(req)
+    assert other.prompt[0] != req.prompt[0] and other.prompt[1:] == req.prompt[1:]
+    assert other.prompt[0] >= 17 and other.output_len == 4 and other.tenant == "light"
