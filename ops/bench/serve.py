@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import itertools
 import platform
 import shlex
 import signal
@@ -118,11 +119,17 @@ async def _direct_run(address: str, arrivals: list[Arrival], args: argparse.Name
         return await run_load(direct.send, arrivals, args.concurrency, not args.no_progress, label)
 
 
-def uncached(req: WorkloadRequest) -> WorkloadRequest:
-    """The same request with another first token: the later run's identical prompt must not hit the prefix
-    cache this one fills (block hashes chain from the first block)."""
-    first = req.prompt[0] + 1 if req.prompt[0] + 1 < DEFAULT_VOCAB else FIRST_ORDINARY_ID
+def uncached(req: WorkloadRequest, salt: int = 1) -> WorkloadRequest:
+    """The same request with its first token shifted by `salt` (0: unchanged): each run of one system gets
+    its own salt, so no run finds the prompts of an earlier one in the prefix cache (block hashes chain
+    from the first block), while prompts sharing a prefix within a run still share it."""
+    span = DEFAULT_VOCAB - FIRST_ORDINARY_ID
+    first = FIRST_ORDINARY_ID + (req.prompt[0] - FIRST_ORDINARY_ID + salt) % span
     return dataclasses.replace(req, prompt=(first, *req.prompt[1:]))
+
+
+def salted(arrivals: list[Arrival], salt: int) -> list[Arrival]:
+    return [Arrival(a.index, uncached(a.request, salt), a.at) for a in arrivals]
 
 
 def run_target(target: Target, w: Workload, args: argparse.Namespace, engine_address: str = "") -> list[RunResult]:
@@ -131,18 +138,20 @@ def run_target(target: Target, w: Workload, args: argparse.Namespace, engine_add
     out = []
     warm = [Arrival(i, WorkloadRequest(tuple(range(100, 116)), 4, w.requests[0].tenant), 0.0) for i in range(2)]
     asyncio.run(_http_run(target, warm, args, "warm-up"))  # first-step costs are no one's latency
+    salts = itertools.count()
     for rate in rates(args.request_rate):
         label = load_label(rate, args.concurrency)
         arrivals = schedule(w, rate, args.seed)
         if w.name == "multitenant":
-            alone = [Arrival(a.index, uncached(a.request), a.at) for a in arrivals if a.request.tenant == LIGHT]
+            alone = salted([a for a in arrivals if a.request.tenant == LIGHT], next(salts))
             timings, secs = asyncio.run(_http_run(target, alone, args, f"{target.name} light alone"))
             out.append(RunResult(f"{target.name} (light alone)", label, w.name, timings, secs, slo))
         order = ["gateway", "engine", "engine", "gateway"] if engine_address else ["gateway"]
         for leg in order:
             name = target.name if leg == "gateway" else f"{target.name} engine alone (ZeroMQ)"
-            run = (_http_run(target, arrivals, args, f"{name} {label}") if leg == "gateway"
-                   else _direct_run(engine_address, arrivals, args, f"{name} {label}"))
+            sent = salted(arrivals, next(salts))
+            run = (_http_run(target, sent, args, f"{name} {label}") if leg == "gateway"
+                   else _direct_run(engine_address, sent, args, f"{name} {label}"))
             timings, secs = asyncio.run(run)
             out.append(RunResult(name, label, w.name, timings, secs, slo))
             console.print(f"  {name}, {label}: {out[-1].summary.completed}/{len(arrivals)} done in {secs:.1f}s, "

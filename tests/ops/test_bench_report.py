@@ -116,3 +116,15 @@ def test_light_alone_phase_cannot_warm_the_prefix_cache_for_the_mixed_run() -> N
     other = serve.uncached(req)
     assert other.prompt[0] != req.prompt[0] and other.prompt[1:] == req.prompt[1:]
     assert other.prompt[0] >= 17 and other.output_len == 4 and other.tenant == "light"
+    assert serve.uncached(req, 0) == req
+    assert len({serve.uncached(req, s).prompt[0] for s in range(5)}) == 5  # one per run
+
+
+def test_salting_keeps_a_shared_prefix_shared_within_a_run() -> None:
+    from ops.bench.load import schedule
+    from ops.bench.workloads import get_workload
+
+    runs = [serve.salted(schedule(get_workload("chat"), None), s) for s in (0, 1)]
+    for arrivals in runs:
+        assert len({a.request.prompt[:384] for a in arrivals}) == 1
+    assert runs[0][0].request.prompt[:384] != runs[1][0].request.prompt[:384]
