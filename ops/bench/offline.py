@@ -1,14 +1,19 @@
-"""`pageserve bench offline`: this engine against Hugging Face static batching, one workload, one process.
+"""`pageserve bench offline`: this engine against vLLM and Hugging Face static batching, one workload.
 
+`--workload` picks a named workload (ops/bench/workloads.py; default `throughput`).
 Standard workload (seed 0): 64 requests, prompt lengths uniform in [32, 512] of
 random non-special token ids, output lengths uniform in [16, 256], greedy, EOS
 ignored; numpy's default_rng(0) draws 17,709 prompt and 8,885 output tokens.
 
   engine   all requests submitted at once to EngineCore (continuous batching, paged KV)
+  vllm     `--vllm-python PATH`: vLLM's offline LLM.generate in a subprocess from its own
+           virtualenv (ops/bench/vllm_peer.py), same token ids, greedy, EOS ignored
   hf       transformers `generate` on left-padded static batches in arrival order; each
-           batch runs to its longest output (only requested tokens count); best of
-           several batch sizes
-Both use the same model folder and dtype. Prints output tokens/s of each and the
+           batch runs to its longest output (only requested tokens count); every
+           batch size of --hf-batch-sizes
+`--prefix-caching both` runs the engine and vLLM with it off, then on. One table
+lists every system (a missing one with the reason) and pageserve's ratio to each.
+All use the same model folder and dtype. Prints output tokens/s of each and the
 ratio, and the KV cache waste at the engine's peak allocation (allocated slots
 not holding a token, over allocated slots) beside what contiguous reservations
 would have wasted for the same running requests. `--profile` adds a second,
