@@ -61,6 +61,7 @@ class EngineCore:
             layout.num_device_blocks,
             layout.num_cpu_blocks,
             layout.block_size,
+            vocab_size=loaded.shape.vocab_size,
         )
         self.kv_cache = KVCache(layout, config.model.device)
         self.runner = ModelRunner(loaded.model, self.kv_cache, Sampler(config.seed), config.attention_backend)

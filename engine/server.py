@@ -45,6 +45,7 @@ from engine.request import Request
 from engine.step_stats import CoreCounts, StepStats
 from shared.protocol import (
     PROTOCOL_VERSION,
+    REQUEST_REJECTED,
     SHUTTING_DOWN,
     Abort,
     AddRequest,
@@ -250,43 +251,35 @@ class EngineServer:
         log.info("gateway %s connected", hello.gateway_id)
         i = self.info
         self._send(gateway, Ready(PROTOCOL_VERSION, i.model_name, i.max_model_len, i.block_size,
-                                  i.eos_token_id, i.num_blocks))
+                                  i.eos_token_id, i.num_blocks, i.vocab_size))
 
     def _on_add(self, gateway: bytes, add: AddRequest) -> None:
         if self._stop_deadline is not None:
             self._send(gateway, Error(add.request_id, "request", "the engine is shutting down and admits no new "
                                       "requests", code=SHUTTING_DOWN))
             return
-        problem = self._check_add(add)
-        if problem is not None:
-            self._send(gateway, Error(add.request_id, "request", problem))
+        if add.request_id in self._inflight:
+            self._send(gateway, Error(add.request_id, "request", f"request id {add.request_id!r} is already in "
+                                      "flight", code=REQUEST_REJECTED, param="request_id"))
             return
+        # Every other check (token ids, numbers, emptiness, length, KV room) is the core's admission
+        # (engine/request_checks.py); the EOS id is the core's to stamp.
         request = Request(
             request_id=add.request_id, prompt_token_ids=list(add.prompt_token_ids), sampling=add.sampling,
             arrival_time=add.arrival_time or time.time(), priority=add.priority, tenant_id=add.tenant_id,
-            weight=add.weight, cache_salt=add.cache_salt, eos_token_id=self.info.eos_token_id,
+            weight=add.weight, cache_salt=add.cache_salt,
         )
         try:
             self.core.add_request(request)
-        except ValueError as e:  # the core's verdict on a request it cannot serve
-            self._send(gateway, Error(add.request_id, "request", str(e)))
+        except AssertionError:
+            raise  # a broken invariant: the core's state is unknown (fatal)
+        except Exception as e:  # the core's verdict on a request it cannot serve; the engine goes on
+            if not isinstance(e, ValueError):
+                log.exception("admitting %s failed", add.request_id)
+            self._send(gateway, Error(add.request_id, "request", str(e) or type(e).__name__, code=REQUEST_REJECTED,
+                                      param=getattr(e, "param", "")))
             return
         self._inflight.add(add, gateway)
-
-    def _check_add(self, add: AddRequest) -> str | None:
-        if add.request_id in self._inflight:
-            return f"request id {add.request_id!r} is already in flight"
-        n, limit = len(add.prompt_token_ids), self.info.max_model_len
-        if n == 0:
-            return "the prompt is empty"
-        if n >= limit:
-            return f"the prompt has {n} tokens; the model's context is {limit} tokens (prompt + output)"
-        if not (add.weight > 0 and math.isfinite(add.weight)):
-            return f"weight must be a positive finite number, got {add.weight}"
-        vocab = self.info.vocab_size
-        if min(add.prompt_token_ids) < 0 or max(add.prompt_token_ids) >= vocab:
-            return f"prompt token ids must be in [0, {vocab})"
-        return None
 
     def _on_abort(self, gateway: bytes, request_ids: list[str]) -> None:
         mine = self._inflight.owned(gateway, request_ids)

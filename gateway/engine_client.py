@@ -93,6 +93,12 @@ class EngineDeadError(EngineError):
 class RequestFailedError(EngineError):
     """The engine refused or failed this one request; the engine itself goes on."""
 
+    def __init__(self, message: str, code: str = "", param: str = "") -> None:
+        super().__init__(message)
+        self.code = code
+        """shared.protocol.REQUEST_REJECTED (refused at admission: the caller's fault) or REQUEST_FAILED."""
+        self.param = param
+
 
 class RequestStream:
     """The outputs of one request, in order; built by EngineClient.submit()."""
@@ -249,9 +255,11 @@ class EngineClient:
         self._check_alive()
         if request.request_id in self._streams:
             raise ValueError(f"request id {request.request_id!r} is already in flight")
+        frame = encode(request)  # before the stream exists: a value the encoder refuses leaves nothing behind
         stream = RequestStream(self, request.request_id, request.sampling.n)
         self._streams[request.request_id] = stream
-        await self._send(request)
+        assert self._sock is not None
+        await self._sock.send(frame)
         return stream
 
     async def abort(self, request_id: str) -> None:
@@ -339,7 +347,7 @@ class EngineClient:
         elif err.request_id is not None and err.code == SHUTTING_DOWN:
             self._route(err.request_id, EngineDeadError(err.message))  # not this request's fault: a 503
         elif err.request_id is not None:
-            self._route(err.request_id, RequestFailedError(err.message))
+            self._route(err.request_id, RequestFailedError(err.message, err.code, err.param))
         else:
             log.error("engine error about no request: %s", err.message)
 

@@ -27,7 +27,7 @@ from gateway.engine_client import EngineDeadError, EngineError, RequestFailedErr
 from gateway.errors import APIError, EngineUnavailable, InternalError, InvalidRequest
 from gateway.stop_strings import StopStringMatcher
 from gateway.tenancy.admission import Ticket
-from shared.protocol import AddRequest, Finished, TokenDelta
+from shared.protocol import REQUEST_FAILED, AddRequest, Finished, TokenDelta
 from shared.sampling import SamplingParams
 
 log = logging.getLogger("pageserve.gateway")
@@ -159,10 +159,11 @@ class Generation:
                     return
         except EngineError as e:
             self.failed = True
-            if isinstance(e, RequestFailedError) and self.usage.completion_tokens == 0:
+            if isinstance(e, RequestFailedError) and e.code != REQUEST_FAILED and self.usage.completion_tokens == 0:
                 # Refused before any output: the engine's admission checks (request_checks.py)
                 # found a request that can never run here (KV blocks, n, context): the caller's fault.
-                raise InvalidRequest(f"the engine refused the request: {e}", code="request_rejected") from None
+                raise InvalidRequest(f"the engine refused the request: {e}", param=e.param or None,
+                                     code="request_rejected") from None
             raise _as_api_error(e) from None
         except APIError:
             self.failed = True

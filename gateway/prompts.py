@@ -44,11 +44,7 @@ class Prompts:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     async def completion(self, prompt: str | list[int]) -> list[int]:
-        if isinstance(prompt, list):
-            bad = next((t for t in prompt if t >= self.vocab_size), None)
-            if bad is not None:
-                raise InvalidRequest(f"token id {bad} is outside the vocabulary (size {self.vocab_size})",
-                                     param="prompt")
+        if isinstance(prompt, list):  # ids are checked against the engine's vocabulary in serving.plan
             return list(prompt)
         if not prompt:
             raise InvalidRequest("prompt must not be empty", param="prompt")

@@ -1,7 +1,7 @@
 """From a validated, tokenized request to an HTTP response: streamed or whole.
 
 Owns the request's path after the route parsed it: `plan` (default max_tokens,
-context-length check), then `serve`: admission (key + quotas, one Redis round
+token ids inside the engine's vocabulary, context-length check), then `serve`: admission (key + quotas, one Redis round
 trip), submission, then either an SSE stream of OpenAI chunks or one JSON
 body, and in both cases the single `Generation.close()` (engine abort if still
 running + usage settlement) when it ends, fails or the client goes away; for a
@@ -29,6 +29,7 @@ from gateway.schemas import GenerationSettings
 from gateway.sse import DONE, SSEResponse, sse_event
 from gateway.state import EngineHandle, GatewayState
 from gateway.tenancy.admission import Admission
+from gateway.token_limits import check_token_ids, vocab_size_of
 from shared.sampling import SamplingParams
 
 log = logging.getLogger("pageserve.gateway")
@@ -54,10 +55,13 @@ class Plan:
 
 
 def plan(state: GatewayState, endpoint: Endpoint, settings: GenerationSettings, prompt: PromptInput) -> Plan:
-    """Default max_tokens and check the context: 400 or 503 (engine down) before any quota is touched."""
+    """Default max_tokens, check token ids and the context: 400 or 503 (engine down) before any quota is touched."""
     engine = state.engine_client()
     info = engine.model_info
     sampling = settings.sampling
+    vocab = vocab_size_of(info.vocab_size, state.prompts.vocab_size)
+    check_token_ids(prompt.token_ids, vocab, prompt.param)
+    check_token_ids(sampling.stop_token_ids, vocab, "stop_token_ids")
     if not settings.max_tokens_given:
         # The room left in the context, and in the whole KV pool (the engine refuses a request
         # that could never fit: a default must not make a valid request unservable).

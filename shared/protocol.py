@@ -42,6 +42,10 @@ PROTOCOL_VERSION = 1
 ErrorKind = Literal["request", "engine"]
 SHUTTING_DOWN = "shutting_down"
 """Error.code of a request refused because the engine is stopping."""
+REQUEST_REJECTED = "request_rejected"
+"""Error.code of a request refused at admission: it can never run with this model (the client's fault)."""
+REQUEST_FAILED = "request_failed"
+"""Error.code of a request that failed while it ran; its blocks are freed and the engine goes on."""
 FinishReason = Literal["stop", "length", "abort"]
 
 
@@ -70,6 +74,8 @@ class Ready:
     eos_token_id: int | None
     num_blocks: int
     """KV cache blocks in the device pool (Stats.num_free_blocks counts down from it)."""
+    vocab_size: int = 0
+    """Token ids (prompt, stop_token_ids) must be below it; 0 from an engine that did not say."""
 
 
 @dataclass(frozen=True)
@@ -155,7 +161,10 @@ class Error:
     kind: ErrorKind
     message: str
     code: str = ""
-    """Machine-readable detail; "shutting_down": refused because the engine is stopping (retry elsewhere)."""
+    """Machine-readable detail; "shutting_down": refused because the engine is stopping (retry elsewhere);
+    "request_rejected": the request can never run here (a 4xx); "request_failed": it failed mid-run (a 500)."""
+    param: str = ""
+    """The request field at fault, when one is (OpenAI's error `param`)."""
 
 
 @dataclass(frozen=True)
@@ -200,7 +209,7 @@ _TOP_LEVEL: tuple[type, ...] = (Hello, Ready, AddRequest, Abort, StepOutputs, Er
 _CODEC = Codec(_TOP_LEVEL)
 
 __all__ = [
-    "PROTOCOL_VERSION", "SHUTTING_DOWN", "ErrorKind", "FinishReason", "Message", "ProtocolError", "decode", "encode",
+    "PROTOCOL_VERSION", "REQUEST_FAILED", "REQUEST_REJECTED", "SHUTTING_DOWN", "ErrorKind", "FinishReason", "Message", "ProtocolError", "decode", "encode",
     "Hello", "Ready", "AddRequest", "Abort", "StepOutputs", "TokenDelta", "Finished", "Usage",
     "Error", "GetStats", "Stats", "Bye",
 ]

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 from engine.outputs import RequestDelta
 from engine.request import Request
+from engine.request_checks import validate_request
+from engine.scheduler_config import SchedulerConfig
 from engine.server import EngineInfo, EngineServer, ServerConfig
 from engine.step_stats import CoreCounts
 
@@ -32,6 +34,9 @@ class FakeCore:
         """Set each time a step starts (before it waits on step_gate)."""
 
     def add_request(self, request: Request) -> None:
+        # The real core's admission checks, against INFO's model facts.
+        config = SchedulerConfig(max_model_len=INFO.max_model_len)
+        validate_request(request, config, lambda n: -(-n // self.block_size), 10**6, INFO.vocab_size)
         if request.sampling.max_tokens > 10_000:
             raise ValueError("max_tokens too large for the fake core")
         self.requests[request.request_id] = request

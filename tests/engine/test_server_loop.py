@@ -72,7 +72,7 @@ def add(rid: str, max_tokens: int = 4, prompt: list[int] | None = None, n: int =
 
 def test_hello_gets_ready_with_the_model_facts(engine: Running, ctx: zmq.Context) -> None:
     gw = RawGateway(ctx, engine.server.address)
-    assert gw.ready == Ready(PROTOCOL_VERSION, "fake", 64, 4, 2, 64)
+    assert gw.ready == Ready(PROTOCOL_VERSION, "fake", 64, 4, 2, 64, 1000)
 
 
 def test_version_mismatch_is_refused_naming_both_versions(engine: Running, ctx: zmq.Context) -> None:
@@ -166,9 +166,13 @@ def test_n_samples_finish_separately(engine: Running, ctx: zmq.Context) -> None:
     ("request_", "problem"),
     [
         (add("empty", prompt=[]), "the prompt is empty"),
-        (add("long", prompt=[1] * 64), "the prompt has 64 tokens; the model's context is 64 tokens"),
-        (add("vocab", prompt=[1, 1000]), r"prompt token ids must be in [0, 1000)"),
-        (add("neg", prompt=[-1]), r"prompt token ids must be in [0, 1000)"),
+        (add("long", prompt=[1] * 64), "the prompt has 64 tokens; the context is 64"),
+        (add("vocab", prompt=[1, 1000]), "token id 1000 in prompt is outside the vocabulary [0, 1000)"),
+        (add("neg", prompt=[-1]), "token id -1 in prompt is outside the vocabulary [0, 1000)"),
+        (AddRequest("stop-vocab", [1], SamplingParams(stop_token_ids=(5, 1000), min_tokens=1)),
+         "token id 1000 in stop_token_ids is outside the vocabulary"),
+        (AddRequest("prio", [1], SamplingParams(), priority=2**63), "priority must fit"),
+        (AddRequest("nan-arrival", [1], SamplingParams(), arrival_time=float("nan")), "arrival_time must be a finite number"),
         (add("huge", max_tokens=20_000), "max_tokens too large for the fake core"),  # the core's ValueError
         (AddRequest("nan-weight", [1], SamplingParams(), weight=float("nan")), "weight must be a positive finite"),
         (AddRequest("inf-weight", [1], SamplingParams(), weight=float("inf")), "weight must be a positive finite"),

@@ -17,7 +17,7 @@ from gateway.engine_client import EngineDeadError
 from shared.protocol import AddRequest, Finished, Ready, Stats, TokenDelta, Usage
 
 MODEL_INFO = Ready(protocol_version=1, model_name="smollm2", max_model_len=256, block_size=16,
-                   eos_token_id=2, num_blocks=64)
+                   eos_token_id=2, num_blocks=64, vocab_size=49152)
 
 
 @dataclass

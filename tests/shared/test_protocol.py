@@ -32,7 +32,7 @@ from shared.sampling import SamplingParams
 
 SAMPLES: dict[str, Message] = {
     "Hello": Hello(1, "gw-1"),
-    "Ready": Ready(1, "smollm2", 8192, 16, 2, 1000),
+    "Ready": Ready(1, "smollm2", 8192, 16, 2, 1000, 49152),
     "AddRequest": AddRequest(
         "req-1", [1, 2, 300], SamplingParams(temperature=0.0, max_tokens=8, stop_token_ids=(2,)),
         priority=-1, tenant_id="acme", arrival_time=1700000000.25, weight=2.0, cache_salt="s",
@@ -41,7 +41,7 @@ SAMPLES: dict[str, Message] = {
     "StepOutputs": StepOutputs(
         [TokenDelta("req-1", 0, [42, 70000], 3, 2, 0)], [Finished("req-1", 0, "length", Usage(3, 2, 0))], 9
     ),
-    "Error": Error("req-1", "request", "prompt too long"),
+    "Error": Error("req-1", "request", "token id 5 bad", code="request_rejected", param="prompt"),
     "GetStats": GetStats(),
     "Stats": Stats(1, 2, 3, 90, 100, 4, 5, 6, 7, 8, 2.5, 1),
     "Bye": Bye("closing"),
@@ -50,7 +50,7 @@ SAMPLES: dict[str, Message] = {
 # Frozen: a change here breaks every deployed peer. Append fields instead (with defaults).
 GOLDEN_HEX = {
     "Hello": "930101a467772d31",
-    "Ready": "970201a7736d6f6c6c6d32cd20001002cd03e8",
+    "Ready": "980201a7736d6f6c6c6d32cd20001002cd03e8cdc000",
     "AddRequest": (
         "9903a57265712d31930102cd012c89a16e01ab74656d7065726174757265cb0000000000000000a5746f705f70"
         "cb3ff0000000000000a5746f705f6b00a473656564c0aa6d61785f746f6b656e7308aa6d696e5f746f6b656e73"
@@ -59,16 +59,24 @@ GOLDEN_HEX = {
     ),
     "Abort": "920492a161a162",
     "StepOutputs": "94059196a57265712d3100922ace000111700302009194a57265712d3100a66c656e6774689303020009",
-    "Error": "9506a57265712d31a772657175657374af70726f6d707420746f6f206c6f6e67a0",
+    "Error": (
+        "9606a57265712d31a772657175657374ae746f6b656e206964203520626164b0726571756573745f72656a6563746564"
+        "a670726f6d7074"
+    ),
     "GetStats": "9107",
     "Stats": "9f080102035a640405060708cb400400000000000001cb0000000000000000cb0000000000000000",
     "Bye": "9209a7636c6f73696e67",
 }
 
 # Frames of earlier versions of a message (before fields were appended): they must still decode.
-OLDER_PEER_HEX = {
-    "Error": "9406a57265712d31a772657175657374af70726f6d707420746f6f206c6f6e67",  # before code
-    "Stats": "9d080102035a640405060708cb400400000000000001",  # before step_seconds, loop_seconds
+OLDER_PEER_HEX: dict[str, tuple[str, Message]] = {
+    "Error": ("9406a57265712d31a772657175657374af70726f6d707420746f6f206c6f6e67",  # before code
+              Error("req-1", "request", "prompt too long")),
+    "Error.param": ("9506a57265712d31a772657175657374af70726f6d707420746f6f206c6f6e67a0",  # before param
+                    Error("req-1", "request", "prompt too long")),
+    "Ready": ("970201a7736d6f6c6c6d32cd20001002cd03e8", Ready(1, "smollm2", 8192, 16, 2, 1000)),  # before vocab_size
+    "Stats": ("9d080102035a640405060708cb400400000000000001",  # before step_seconds, loop_seconds
+              Stats(1, 2, 3, 90, 100, 4, 5, 6, 7, 8, 2.5, 1)),
 }
 
 
@@ -83,7 +91,8 @@ def test_golden_bytes(name: str) -> None:
 
 @pytest.mark.parametrize("name", sorted(OLDER_PEER_HEX))
 def test_frames_of_older_peers_still_decode(name: str) -> None:
-    assert decode(bytes.fromhex(OLDER_PEER_HEX[name])) == SAMPLES[name]
+    frame, expected = OLDER_PEER_HEX[name]
+    assert decode(bytes.fromhex(frame)) == expected
 
 
 @pytest.mark.parametrize("name", sorted(SAMPLES))
