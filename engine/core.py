@@ -28,6 +28,7 @@ from engine.outputs import RequestDelta
 from engine.request import Request
 from engine.sampler import Sampler
 from engine.scheduler import Scheduler, SchedulerStats
+from engine.step_failures import RequestsFailed, is_fatal
 from engine.step_stats import CoreCounts
 
 
@@ -87,9 +88,17 @@ class EngineCore:
         return self.scheduler.abort_requests(list(request_ids))
 
     def step(self) -> list[RequestDelta]:
+        """One step; raises RequestsFailed (the step's requests aborted, the engine fine) when the
+        forward, sampling or stop checks failed for reasons of those requests (engine/step_failures.py)."""
         out = self.scheduler.schedule()
-        result = self.runner.execute(out)
-        return self.scheduler.update(out, result)
+        try:
+            result = self.runner.execute(out)
+            return self.scheduler.update(out, result)
+        except Exception as e:
+            if is_fatal(e):
+                raise
+            failed = self.scheduler.fail_step(out)
+            raise RequestsFailed(failed, f"the step failed: {type(e).__name__}: {e}") from e
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()

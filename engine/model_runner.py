@@ -20,6 +20,7 @@ from engine.layers.attention import KernelPagedAttention, PagedAttentionOp, Torc
 from engine.models.llama import LlamaModel
 from engine.outputs import RunnerOutput, SchedulerOutput
 from engine.sampler import Sampler
+from engine.step_failures import EngineStateLost
 from kernels.cpu_attention import native_decode_available
 
 
@@ -46,7 +47,10 @@ class ModelRunner:
 
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
         self.sampler.forget(out.finished_request_ids)
-        self.kv_cache.move_blocks(out.blocks_to_swap_out, out.blocks_to_swap_in, out.blocks_to_copy)
+        try:
+            self.kv_cache.move_blocks(out.blocks_to_swap_out, out.blocks_to_swap_in, out.blocks_to_copy)
+        except Exception as e:  # a half-done move may have corrupted requests outside this step
+            raise EngineStateLost(f"KV block moves failed: {type(e).__name__}: {e}") from e
         if not out.chunks:
             return RunnerOutput({})
         with torch.inference_mode():

@@ -108,6 +108,17 @@ class Scheduler:
                 deltas.append(make_delta(sample, [], group, group.samples.index(sample)))
         return deltas
 
+    def fail_step(self, out: SchedulerOutput) -> list[str]:
+        """A step's execution failed: abort every request it scheduled and return their client ids.
+        The KV its forward should have written is untrusted, so cached blocks nobody holds are
+        forgotten too (blocks registered in this step are held only by requests of this step)."""
+        client_ids = sorted({self._live[c.request_id].group.client_id for c in out.chunks
+                             if c.request_id in self._live})
+        self.abort_requests(client_ids)
+        self.bm.end_step()
+        self.bm.device.forget_free_cached()
+        return client_ids
+
     def has_unfinished(self) -> bool:
         return bool(self._live)
 

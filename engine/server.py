@@ -9,8 +9,10 @@ Gateways are told apart by their ZeroMQ routing identity; every request remember
 the identity that sent it, so outputs go back only there. Messages are drained
 before each step, so an Abort always takes effect before the next step. A
 malformed or unexpected message is logged and answered with an Error; the loop
-goes on. An exception from the core is fatal: every gateway is told (Error kind
-"engine") and the process exits 1. SIGTERM/SIGINT stop admissions (new
+goes on. A step that fails for reasons of its requests (engine/step_failures.py)
+fails those requests only (Error kind "request", code REQUEST_FAILED); any other
+exception from the core is fatal: every gateway is told (Error kind "engine") and
+the process exits 1. SIGTERM/SIGINT stop admissions (new
 requests get an Error with code SHUTTING_DOWN), give in-flight requests
 `shutdown_grace_s` to finish, abort the rest, tell every gateway, and exit 0.
 A gateway that says Bye, or whose connection is gone (the next send to it
@@ -42,9 +44,11 @@ import zmq
 from engine.inflight import InFlightTable
 from engine.outputs import RequestDelta
 from engine.request import Request
+from engine.step_failures import RequestsFailed
 from engine.step_stats import CoreCounts, StepStats
 from shared.protocol import (
     PROTOCOL_VERSION,
+    REQUEST_FAILED,
     REQUEST_REJECTED,
     SHUTTING_DOWN,
     Abort,
@@ -295,12 +299,24 @@ class EngineServer:
     def _step(self, started: float) -> None:
         """One core step and its outputs; `started` is when this loop turn began draining messages."""
         step_start = time.perf_counter()
-        deltas = self.core.step()
+        try:
+            deltas = self.core.step()
+        except RequestsFailed as e:  # the core freed them; the engine goes on
+            self._fail_requests(e.request_ids, e.message)
+            return
         step_end = time.perf_counter()
         for gateway, (token_deltas, finished) in self._inflight.route(deltas).items():
             self._send(gateway, StepOutputs(token_deltas, finished, self.stats.num_steps + 1))
         self.stats.record_step(len({d.request_id for d in deltas}), step_seconds=step_end - step_start,
                                loop_seconds=time.perf_counter() - started)
+
+    def _fail_requests(self, request_ids: list[str], message: str) -> None:
+        log.error("a step failed; failing its %d request(s): %s", len(request_ids), message)
+        for rid in request_ids:
+            gateway = self._inflight.gateway_of(rid)
+            if gateway is not None:
+                self._inflight.drop([rid])
+                self._send(gateway, Error(rid, "request", message, code=REQUEST_FAILED))
 
     def _send(self, gateway: bytes, msg: Message) -> None:
         try:

@@ -168,6 +168,11 @@ class Generation:
         except APIError:
             self.failed = True
             raise
+        except Exception as e:  # detokenising or stop strings broke on this stream: it fails, nobody else
+            self.failed = True
+            log.exception("request %s failed while turning tokens into text", self.request_id)
+            raise InternalError(f"internal error while generating ({type(e).__name__})",
+                                code="internal_error") from e
 
     def _on_delta(self, sample: _Sample, item: TokenDelta) -> list[ChoiceDelta]:
         self.usage.cached_tokens = item.num_cached_tokens

@@ -18,6 +18,7 @@ from engine.request import Request
 from engine.request_checks import validate_request
 from engine.scheduler_config import SchedulerConfig
 from engine.server import EngineInfo, EngineServer, ServerConfig
+from engine.step_failures import RequestsFailed
 from engine.step_stats import CoreCounts
 
 
@@ -56,6 +57,11 @@ class FakeCore:
         self.entered_step.set()
         self.step_gate.wait(5.0)
         time.sleep(0.001)  # a step takes time: tests can act while a request is in flight
+        if isinstance(self.fail_next_step, RequestsFailed):  # like the real core: those requests are gone
+            failure, self.fail_next_step = self.fail_next_step, None
+            for rid in failure.request_ids:
+                self.requests.pop(rid, None)
+            raise failure
         if self.fail_next_step is not None:
             raise self.fail_next_step
         out = []

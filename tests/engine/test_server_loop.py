@@ -14,8 +14,10 @@ from pathlib import Path
 import pytest
 import zmq
 
+from engine.step_failures import RequestsFailed
 from shared.protocol import (
     PROTOCOL_VERSION,
+    REQUEST_FAILED,
     SHUTTING_DOWN,
     Abort,
     AddRequest,
@@ -278,6 +280,25 @@ def test_a_fatal_core_error_is_told_to_every_gateway_and_exits_1(ctx: zmq.Contex
         assert err.message == "engine failed: RuntimeError: CUDA fell over"
     running.thread.join(5.0)
     assert running.exit_code == [1]
+
+
+def test_a_failed_step_fails_its_requests_only_and_the_engine_serves_on(engine: Running, ctx: zmq.Context) -> None:
+    gw, other = RawGateway(ctx, engine.server.address), RawGateway(ctx, engine.server.address)
+    engine.core.step_gate.clear()
+    gw.send(add("doomed", max_tokens=50))
+    other.send(add("fine", max_tokens=3))
+    assert engine.core.entered_step.wait(5.0)
+    time.sleep(0.05)
+    engine.core.fail_next_step = RequestsFailed(["doomed"], "the step failed: IndexError: boom")
+    engine.core.step_gate.set()
+    msg = gw.recv()
+    while isinstance(msg, StepOutputs):
+        msg = gw.recv()
+    assert isinstance(msg, Error) and (msg.request_id, msg.kind, msg.code) == ("doomed", "request", REQUEST_FAILED)
+    assert other.recv_until_finished({"fine"})[-1].finished[0].reason == "length"
+    gw.send(add("next", max_tokens=1))
+    assert gw.recv_until_finished({"next"})
+    assert gw.stats().num_running == 0 and engine.thread.is_alive()
 
 
 def test_requests_of_a_vanished_gateway_are_aborted(engine: Running, ctx: zmq.Context) -> None:
