@@ -23,8 +23,10 @@ from engine.step_stats import CoreCounts
 
 
 class FakeCore:
-    def __init__(self, num_blocks: int = 64, block_size: int = 4) -> None:
+    def __init__(self, num_blocks: int = 64, block_size: int = 4, info: EngineInfo | None = None) -> None:
         self.num_blocks, self.block_size = num_blocks, block_size
+        self.info = info or INFO
+        """The model facts requests are checked against (the real core's admission checks)."""
         self.requests: dict[str, Request] = {}
         self.aborted: list[str] = []
         self.fail_next_step: Exception | None = None
@@ -35,9 +37,9 @@ class FakeCore:
         """Set each time a step starts (before it waits on step_gate)."""
 
     def add_request(self, request: Request) -> None:
-        # The real core's admission checks, against INFO's model facts.
-        config = SchedulerConfig(max_model_len=INFO.max_model_len)
-        validate_request(request, config, lambda n: -(-n // self.block_size), 10**6, INFO.vocab_size)
+        # The real core's admission checks, against the model facts it serves.
+        config = SchedulerConfig(max_model_len=self.info.max_model_len)
+        validate_request(request, config, lambda n: -(-n // self.block_size), 10**6, self.info.vocab_size)
         if request.sampling.max_tokens > 10_000:
             raise ValueError("max_tokens too large for the fake core")
         self.requests[request.request_id] = request
