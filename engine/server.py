@@ -47,6 +47,7 @@ from engine.request import Request
 from engine.step_failures import RequestsFailed
 from engine.step_stats import CoreCounts, StepStats
 from shared.protocol import (
+    DEADLINE_EXCEEDED,
     PROTOCOL_VERSION,
     REQUEST_FAILED,
     REQUEST_REJECTED,
@@ -105,6 +106,13 @@ class ServerConfig:
     """On SIGTERM, in-flight requests get this long to finish before they are aborted."""
     close_linger_ms: int = 2000
     """How long final messages (the shutdown Error) may take to flush at exit."""
+    request_deadline_s: float | None = None
+    """A request still in flight this long after the engine accepted it is aborted (its blocks freed)
+    and its gateway told (Error code DEADLINE_EXCEEDED, the gateway settles it); None: no deadline."""
+
+
+DEADLINE_CHECK_S = 0.1
+"""How often the in-flight table is scanned for requests past their deadline."""
 
 
 class EngineServer:
@@ -132,6 +140,7 @@ class EngineServer:
         self._gateways: dict[bytes, str] = {}
         self._inflight = InFlightTable()
         self._stop_deadline: float | None = None
+        self._next_deadline_check = 0.0
         self.stats = StepStats()
 
     # ----------------------------------------------------------------- lifecycle
@@ -153,6 +162,7 @@ class EngineServer:
                 self._wait_for_io()
                 started = time.perf_counter()
                 self._drain()
+                self._expire_deadlines()
                 if self.core.has_unfinished_requests():
                     self._step(started)
         except Exception as e:
@@ -285,6 +295,24 @@ class EngineServer:
             return
         self._inflight.add(add, gateway)
 
+    def _expire_deadlines(self) -> None:
+        limit, now = self.config.request_deadline_s, time.monotonic()
+        if limit is None or now < self._next_deadline_check:
+            return
+        self._next_deadline_check = now + DEADLINE_CHECK_S
+        expired = self._inflight.added_before(now - limit)
+        if not expired:
+            return
+        self.core.abort_requests(expired)
+        self.stats.num_aborted += len(expired)
+        for rid in expired:
+            gateway = self._inflight.gateway_of(rid)
+            self._inflight.drop([rid])
+            if gateway is not None:
+                self._send(gateway, Error(rid, "request", f"the request ran past the engine's deadline of {limit:g} s",
+                                          code=DEADLINE_EXCEEDED))
+        log.warning("aborted %d request(s) past the %g s deadline", len(expired), limit)
+
     def _on_abort(self, gateway: bytes, request_ids: list[str]) -> None:
         mine = self._inflight.owned(gateway, request_ids)
         if not mine:
@@ -373,6 +401,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--shutdown-grace", type=float, default=5.0, help="seconds in-flight requests get on SIGTERM")
+    p.add_argument("--request-deadline", type=float, default=None,
+                   help="seconds a request may stay in flight before it is aborted (request_deadline_s; default: none)")
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -409,7 +439,8 @@ def main(argv: list[str]) -> int:
     except ValueError as e:  # a configuration error: say it plainly, no traceback
         print(f"pageserve engine: {e}", file=sys.stderr)
         return 2
-    server = EngineServer(core, info, ServerConfig(listen=args.listen, shutdown_grace_s=args.shutdown_grace))
+    server = EngineServer(core, info, ServerConfig(listen=args.listen, shutdown_grace_s=args.shutdown_grace,
+                                                   request_deadline_s=args.request_deadline))
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: server.request_stop())
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1 PID` prints every thread's stack: a slow step shows

@@ -27,7 +27,7 @@ from gateway.engine_client import EngineDeadError, EngineError, RequestFailedErr
 from gateway.errors import APIError, EngineUnavailable, InternalError, InvalidRequest
 from gateway.stop_strings import StopStringMatcher
 from gateway.tenancy.admission import Ticket
-from shared.protocol import REQUEST_FAILED, AddRequest, Finished, TokenDelta
+from shared.protocol import DEADLINE_EXCEEDED, REQUEST_FAILED, AddRequest, Finished, TokenDelta
 from shared.sampling import SamplingParams
 
 log = logging.getLogger("pageserve.gateway")
@@ -159,7 +159,8 @@ class Generation:
                     return
         except EngineError as e:
             self.failed = True
-            if isinstance(e, RequestFailedError) and e.code != REQUEST_FAILED and self.usage.completion_tokens == 0:
+            if (isinstance(e, RequestFailedError) and e.code not in (REQUEST_FAILED, DEADLINE_EXCEEDED)
+                    and self.usage.completion_tokens == 0):
                 # Refused before any output: the engine's admission checks (request_checks.py)
                 # found a request that can never run here (KV blocks, n, context): the caller's fault.
                 raise InvalidRequest(f"the engine refused the request: {e}", param=e.param or None,
@@ -217,6 +218,8 @@ class Generation:
 
 
 def _as_api_error(e: EngineError) -> APIError:
+    if isinstance(e, RequestFailedError) and e.code == DEADLINE_EXCEEDED:
+        return APIError(f"the request timed out: {e}", code="request_timeout", status_code=504)
     if isinstance(e, RequestFailedError):
         return InternalError(f"the engine failed this request: {e}", code="engine_request_error")
     if isinstance(e, EngineDeadError):

@@ -44,6 +44,8 @@ SHUTTING_DOWN = "shutting_down"
 """Error.code of a request refused because the engine is stopping."""
 REQUEST_REJECTED = "request_rejected"
 """Error.code of a request refused at admission: it can never run with this model (the client's fault)."""
+DEADLINE_EXCEEDED = "deadline_exceeded"
+"""Error.code of a request the engine aborted because it ran past the engine's request deadline."""
 REQUEST_FAILED = "request_failed"
 """Error.code of a request that failed while it ran; its blocks are freed and the engine goes on."""
 FinishReason = Literal["stop", "length", "abort"]
@@ -209,7 +211,7 @@ _TOP_LEVEL: tuple[type, ...] = (Hello, Ready, AddRequest, Abort, StepOutputs, Er
 _CODEC = Codec(_TOP_LEVEL)
 
 __all__ = [
-    "PROTOCOL_VERSION", "REQUEST_FAILED", "REQUEST_REJECTED", "SHUTTING_DOWN", "ErrorKind", "FinishReason", "Message", "ProtocolError", "decode", "encode",
+    "DEADLINE_EXCEEDED", "PROTOCOL_VERSION", "REQUEST_FAILED", "REQUEST_REJECTED", "SHUTTING_DOWN", "ErrorKind", "FinishReason", "Message", "ProtocolError", "decode", "encode",
     "Hello", "Ready", "AddRequest", "Abort", "StepOutputs", "TokenDelta", "Finished", "Usage",
     "Error", "GetStats", "Stats", "Bye",
 ]

@@ -98,10 +98,10 @@ class Running:
         return self.exit_code[0]
 
 
-def start_server(grace_s: float = 0.2, listen: str = "tcp://127.0.0.1:*") -> Running:
+def start_server(grace_s: float = 0.2, listen: str = "tcp://127.0.0.1:*", deadline_s: float | None = None) -> Running:
     core = FakeCore()
     server = EngineServer(core, INFO, ServerConfig(listen=listen, shutdown_grace_s=grace_s,
-                                                   close_linger_ms=500))
+                                                   close_linger_ms=500, request_deadline_s=deadline_s))
     exit_code: list[int] = []
     thread = threading.Thread(target=lambda: exit_code.append(server.serve()), daemon=True)
     thread.start()

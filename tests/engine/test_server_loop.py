@@ -16,6 +16,7 @@ import zmq
 
 from engine.step_failures import RequestsFailed
 from shared.protocol import (
+    DEADLINE_EXCEEDED,
     PROTOCOL_VERSION,
     REQUEST_FAILED,
     SHUTTING_DOWN,
@@ -299,6 +300,28 @@ def test_a_failed_step_fails_its_requests_only_and_the_engine_serves_on(engine: 
     gw.send(add("next", max_tokens=1))
     assert gw.recv_until_finished({"next"})
     assert gw.stats().num_running == 0 and engine.thread.is_alive()
+
+
+def test_a_request_past_its_deadline_is_aborted_and_its_gateway_told(ctx: zmq.Context) -> None:
+    running = start_server(deadline_s=0.3)
+    try:
+        gw = RawGateway(ctx, running.server.address)
+        gw.send(add("slow", max_tokens=9000))
+        gw.send(add("quick", max_tokens=2))
+        started = time.monotonic()
+        seen: dict[str, object] = {}
+        while "slow" not in seen:
+            msg = gw.recv()
+            if isinstance(msg, Error):
+                seen[msg.request_id or ""] = msg
+            else:
+                seen.update({f.request_id: f for f in msg.finished})  # type: ignore[union-attr]
+        err = seen["slow"]
+        assert isinstance(err, Error) and (err.kind, err.code) == ("request", DEADLINE_EXCEEDED)
+        assert 0.3 <= time.monotonic() - started < 2.0 and "quick" in seen
+        assert running.core.aborted == ["slow"] and gw.stats().num_running == 0
+    finally:
+        running.stop()
 
 
 def test_requests_of_a_vanished_gateway_are_aborted(engine: Running, ctx: zmq.Context) -> None:
