@@ -14,7 +14,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "gateway": ("gateway.server", "run the OpenAI-compatible HTTP gateway"),
     "up": ("ops.launcher", "start redis, engine and gateway locally and print a demo key"),
     "admin": ("ops.admin", "manage tenants, keys, quotas and usage in Redis"),
-    "bench": ("ops.bench", "benchmarks: offline, priority, admission"),
+    "bench": ("ops.bench", "benchmarks: offline, priority, admission, streaming, soak"),
     "generate": ("engine.demo", "offline generation from the command line"),
 }
 

@@ -10,6 +10,7 @@ BENCHMARKS = {
     "priority": "ops.bench.priority",
     "admission": "ops.bench.admission",
     "streaming": "ops.bench.streaming",
+    "soak": "ops.bench.soak",
 }
 
 
