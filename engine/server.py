@@ -46,6 +46,7 @@ from engine.outputs import RequestDelta
 from engine.request import Request
 from engine.step_failures import RequestsFailed
 from engine.step_stats import CoreCounts, StepStats
+from shared.curve import serve_curve, server_keys
 from shared.protocol import (
     DEADLINE_EXCEEDED,
     PROTOCOL_VERSION,
@@ -106,6 +107,8 @@ class ServerConfig:
     """On SIGTERM, in-flight requests get this long to finish before they are aborted."""
     close_linger_ms: int = 2000
     """How long final messages (the shutdown Error) may take to flush at exit."""
+    curve_dir: str | None = None
+    """CURVE keys (shared/curve.py): only authorized gateways connect, traffic is encrypted; None: plain."""
     request_deadline_s: float | None = None
     """A request still in flight this long after the engine accepted it is aborted (its blocks freed)
     and its gateway told (Error code DEADLINE_EXCEEDED, the gateway settles it); None: no deadline."""
@@ -128,6 +131,11 @@ class EngineServer:
         # gateway's connection, so the next send to it fails and its requests are aborted.
         self._sock.setsockopt(zmq.HEARTBEAT_IVL, 1000)
         self._sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 10_000)
+        self._auth = None if config.curve_dir is None else serve_curve(self._ctx, self._sock,
+                                                                        server_keys(config.curve_dir))
+        if self._auth is None and not _is_loopback(config.listen):
+            log.warning("engine socket %s is not loopback and has no CURVE keys (--curve-dir): any host that "
+                        "reaches it can submit requests", config.listen)
         self._sock.bind(config.listen)
         self.address: str = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
         # Signals and other threads wake the poll through this pair (see request_stop).
@@ -207,6 +215,8 @@ class EngineServer:
 
     def _close(self) -> None:
         self._sock.close(linger=self.config.close_linger_ms)
+        if self._auth is not None:
+            self._auth.stop()
         self._ctx.term()  # returns once the final messages are flushed (or the linger ran out)
         if self.address.startswith("ipc://"):  # libzmq leaves the socket file behind
             with contextlib.suppress(FileNotFoundError):
@@ -375,6 +385,11 @@ class EngineServer:
         return self._gateways.get(gateway, gateway.hex())
 
 
+def _is_loopback(address: str) -> bool:
+    host = address.removeprefix("tcp://").rpartition(":")[0]
+    return address.startswith(("ipc://", "inproc://")) or host in ("127.0.0.1", "localhost", "[::1]")
+
+
 # --------------------------------------------------------------------------- process entry
 
 
@@ -403,6 +418,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shutdown-grace", type=float, default=5.0, help="seconds in-flight requests get on SIGTERM")
     p.add_argument("--request-deadline", type=float, default=None,
                    help="seconds a request may stay in flight before it is aborted (request_deadline_s; default: none)")
+    p.add_argument("--curve-dir", default=None,
+                   help="ZeroMQ CURVE key folder (pageserve curve-keys): authenticate and encrypt the socket")
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -440,7 +457,8 @@ def main(argv: list[str]) -> int:
         print(f"pageserve engine: {e}", file=sys.stderr)
         return 2
     server = EngineServer(core, info, ServerConfig(listen=args.listen, shutdown_grace_s=args.shutdown_grace,
-                                                   request_deadline_s=args.request_deadline))
+                                                   request_deadline_s=args.request_deadline,
+                                                   curve_dir=args.curve_dir))
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: server.request_stop())
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1 PID` prints every thread's stack: a slow step shows

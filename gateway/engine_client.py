@@ -49,6 +49,7 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
+from shared.curve import ClientKeys, connect_curve
 from shared.protocol import (
     PROTOCOL_VERSION,
     SHUTTING_DOWN,
@@ -158,8 +159,11 @@ def default_gateway_id() -> str:
 
 
 class EngineClient:
-    def __init__(self, address: str, gateway_id: str | None = None, *, handshake_timeout: float = 10.0) -> None:
+    def __init__(self, address: str, gateway_id: str | None = None, *, handshake_timeout: float = 10.0,
+                 curve: ClientKeys | None = None) -> None:
         self.address = address
+        self._curve = curve
+        """CURVE keys for an engine that requires them (shared/curve.py); None: plain TCP."""
         self.gateway_id = gateway_id or default_gateway_id()
         self.handshake_timeout = handshake_timeout
         self._ctx = zmq.asyncio.Context()
@@ -188,6 +192,8 @@ class EngineClient:
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
         sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
+        if self._curve is not None:
+            connect_curve(sock, self._curve)
         self._sock = sock
         # The monitor exists before connect so that no connection event is missed.
         self._monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)

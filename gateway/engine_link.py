@@ -16,14 +16,17 @@ import logging
 import time
 
 from gateway.engine_client import EngineClient, EngineUnavailableError
+from shared.curve import ClientKeys
 from shared.protocol import Ready
 
 log = logging.getLogger("pageserve.gateway")
 
 
 class EngineLink:
-    def __init__(self, address: str, retry_interval_s: float = 1.0, handshake_timeout_s: float = 5.0) -> None:
+    def __init__(self, address: str, retry_interval_s: float = 1.0, handshake_timeout_s: float = 5.0,
+                 curve: ClientKeys | None = None) -> None:
         self.address = address
+        self._curve = curve
         self._retry_interval_s = retry_interval_s
         self._handshake_timeout_s = handshake_timeout_s
         self._client: EngineClient | None = None
@@ -49,7 +52,7 @@ class EngineLink:
         self._task = asyncio.create_task(self._keep_alive())
 
     async def _connect(self) -> bool:
-        client = EngineClient(self.address, handshake_timeout=self._handshake_timeout_s)
+        client = EngineClient(self.address, handshake_timeout=self._handshake_timeout_s, curve=self._curve)
         try:
             await client.start()
         except EngineUnavailableError as e:

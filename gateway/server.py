@@ -35,6 +35,8 @@ def parse_args(argv: list[str]) -> GatewayConfig:
     p.add_argument("--engine-timeout", type=float, default=DEFAULTS.engine_connect_timeout_s,
                    help="seconds to wait for the engine at start-up")
     p.add_argument("--log-level", default=env("PAGESERVE_LOG_LEVEL", DEFAULTS.log_level))
+    p.add_argument("--engine-curve-dir", default=env("PAGESERVE_ENGINE_CURVE_DIR"),
+                   help="ZeroMQ CURVE key folder for the engine socket (env PAGESERVE_ENGINE_CURVE_DIR)")
     p.add_argument("--workers", type=int, default=int(env("PAGESERVE_GATEWAY_WORKERS", str(DEFAULTS.workers))),
                    help="gateway processes sharing the port; each is its own engine client (env "
                         "PAGESERVE_GATEWAY_WORKERS)")
@@ -55,6 +57,7 @@ def parse_args(argv: list[str]) -> GatewayConfig:
         port=a.port,
         redis_prefix=a.redis_prefix,
         engine_connect_timeout_s=a.engine_timeout,
+        engine_curve_dir=a.engine_curve_dir,
         log_level=a.log_level,
         workers=a.workers,
         admission=AdmissionConfig(lease_s=a.quota_lease, heartbeat_s=a.quota_lease / 3,

@@ -82,7 +82,10 @@ async def open_services(config: GatewayConfig) -> AsyncIterator[GatewayState]:
     redis = connect(config.redis_url)
     store = TenantStore(redis, prefix=config.redis_prefix, actor="gateway")
     admission = Admission(redis, prefix=config.redis_prefix, config=config.admission)
-    link = EngineLink(config.engine_address, retry_interval_s=config.engine_retry_interval_s)
+    from shared.curve import client_keys
+
+    curve = None if config.engine_curve_dir is None else client_keys(config.engine_curve_dir)
+    link = EngineLink(config.engine_address, retry_interval_s=config.engine_retry_interval_s, curve=curve)
     try:
         await link.start(config.engine_connect_timeout_s)
         yield GatewayState(config=config, engine=link, prompts=prompts, store=store, redis=store,
