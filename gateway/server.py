@@ -35,6 +35,9 @@ def parse_args(argv: list[str]) -> GatewayConfig:
     p.add_argument("--engine-timeout", type=float, default=DEFAULTS.engine_connect_timeout_s,
                    help="seconds to wait for the engine at start-up")
     p.add_argument("--log-level", default=env("PAGESERVE_LOG_LEVEL", DEFAULTS.log_level))
+    p.add_argument("--redis-down-fail-open", default=env("PAGESERVE_REDIS_DOWN_FAIL_OPEN", ""),
+                   help="comma-separated tenants served without quotas while Redis is down (default: none, "
+                        "every request gets 503; env PAGESERVE_REDIS_DOWN_FAIL_OPEN)")
     p.add_argument("--engine-curve-dir", default=env("PAGESERVE_ENGINE_CURVE_DIR"),
                    help="ZeroMQ CURVE key folder for the engine socket (env PAGESERVE_ENGINE_CURVE_DIR)")
     p.add_argument("--workers", type=int, default=int(env("PAGESERVE_GATEWAY_WORKERS", str(DEFAULTS.workers))),
@@ -58,6 +61,7 @@ def parse_args(argv: list[str]) -> GatewayConfig:
         redis_prefix=a.redis_prefix,
         engine_connect_timeout_s=a.engine_timeout,
         engine_curve_dir=a.engine_curve_dir,
+        redis_down_fail_open=frozenset(t.strip() for t in a.redis_down_fail_open.split(",") if t.strip()),
         log_level=a.log_level,
         workers=a.workers,
         admission=AdmissionConfig(lease_s=a.quota_lease, heartbeat_s=a.quota_lease / 3,

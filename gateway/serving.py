@@ -90,7 +90,7 @@ async def serve(request: Request, state: GatewayState, plan: Plan, key: str) -> 
     fmt = ResponseFormat(plan.endpoint, new_request_id(plan.endpoint), plan.engine.model_info.model_name,
                          settings.include_usage)
     caller, ticket = await admit(key, state.store, state.admission, len(plan.prompt.token_ids),
-                                 reservation(plan, state.admission))
+                                 reservation(plan, state.admission), state.outage)
     # From here on the request is admitted: every path ends in exactly one settlement (gen.close()).
     try:
         gen = Generation(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from starlette.requests import Request
@@ -21,6 +21,7 @@ from gateway.errors import EngineUnavailable
 from gateway.generation import Engine
 from gateway.prompts import Prompts
 from gateway.tenancy.admission import Admission
+from gateway.tenancy.outage_policy import OutagePolicy
 from shared.protocol import Ready, Stats
 
 
@@ -53,6 +54,8 @@ class GatewayState:
     """Anything with `async ping() -> bool` (the tenancy store's Redis check)."""
     admission: Admission | None = None
     """Quota admission over the same Redis pool; None runs without quotas (unit tests)."""
+    outage: OutagePolicy = field(default_factory=OutagePolicy)
+    """What admission does while Redis is down: fail closed, or serve chosen tenants without quotas."""
 
     def engine_client(self) -> EngineHandle:
         """The live engine client, or a 503 for this request."""
@@ -89,7 +92,7 @@ async def open_services(config: GatewayConfig) -> AsyncIterator[GatewayState]:
     try:
         await link.start(config.engine_connect_timeout_s)
         yield GatewayState(config=config, engine=link, prompts=prompts, store=store, redis=store,
-                           admission=admission)
+                           admission=admission, outage=OutagePolicy(fail_open=config.redis_down_fail_open))
     finally:
         await admission.aclose()
         await link.close()
