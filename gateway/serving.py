@@ -28,7 +28,6 @@ from gateway.openai_format import Endpoint, ResponseFormat, new_request_id
 from gateway.schemas import GenerationSettings
 from gateway.sse import DONE, SSEResponse, sse_event
 from gateway.state import EngineHandle, GatewayState
-from gateway.tenancy.admission import Admission
 from gateway.token_limits import check_token_ids, vocab_size_of
 from shared.sampling import SamplingParams
 
@@ -50,12 +49,15 @@ class Plan:
     settings: GenerationSettings
     prompt: PromptInput
     sampling: SamplingParams
-    """The request's sampling, max_tokens defaulted to the room left when the client gave none."""
+    """The request's final sampling, max_tokens defaulted to the room left when the client gave none."""
     engine: EngineHandle
+    reserved_output_tokens: int
+    """Output tokens admission reserves: n x max_tokens, or n x the configured cap for a defaulted max_tokens."""
 
 
 def plan(state: GatewayState, endpoint: Endpoint, settings: GenerationSettings, prompt: PromptInput) -> Plan:
-    """Default max_tokens, check token ids and the context: 400 or 503 (engine down) before any quota is touched."""
+    """The one place a request's final sampling parameters and its reservation are decided: default
+    max_tokens, check token ids and the context; 400 or 503 (engine down) before any quota is touched."""
     engine = state.engine_client()
     info = engine.model_info
     sampling = settings.sampling
@@ -70,15 +72,10 @@ def plan(state: GatewayState, endpoint: Endpoint, settings: GenerationSettings, 
         default = room if endpoint == "chat" else min(room, state.config.completion_default_max_tokens)
         sampling = dataclasses.replace(sampling, max_tokens=max(default, sampling.min_tokens))
     check_context(len(prompt.token_ids), sampling.max_tokens, info.max_model_len, prompt.param, settings.max_param)
-    return Plan(endpoint, settings, prompt, sampling, engine)
-
-
-def reservation(plan: Plan, admission: Admission | None) -> int:
-    """Output tokens to reserve: n x max_tokens, or n x the configured cap when max_tokens is the default."""
-    per_sample = plan.sampling.max_tokens
-    if not plan.settings.max_tokens_given and admission is not None:
-        per_sample = min(per_sample, admission.config.default_max_tokens)
-    return plan.sampling.n * per_sample
+    per_sample = sampling.max_tokens
+    if not settings.max_tokens_given and state.admission is not None:
+        per_sample = min(per_sample, state.admission.config.default_max_tokens)
+    return Plan(endpoint, settings, prompt, sampling, engine, sampling.n * per_sample)
 
 
 async def serve(request: Request, state: GatewayState, plan: Plan, key: str) -> ASGIApp:
@@ -90,7 +87,7 @@ async def serve(request: Request, state: GatewayState, plan: Plan, key: str) -> 
     fmt = ResponseFormat(plan.endpoint, new_request_id(plan.endpoint), plan.engine.model_info.model_name,
                          settings.include_usage)
     caller, ticket = await admit(key, state.store, state.admission, len(plan.prompt.token_ids),
-                                 reservation(plan, state.admission), state.outage)
+                                 plan.reserved_output_tokens, state.outage)
     # From here on the request is admitted: every path ends in exactly one settlement (gen.close()).
     try:
         gen = Generation(
