@@ -23,9 +23,9 @@ from pathlib import Path
 from engine.config import EngineConfig
 from engine.outputs import RequestDelta
 from engine.request import Request
-from engine.scheduling.request_checks import RequestRejected
 from engine.scheduling.scheduler import Scheduler, SchedulerStats
 from engine.serving.step_stats import CoreCounts
+from engine.step_failures import RequestsFailed, is_fatal
 from engine.worker.decode_graphs import DecodeGraphs, bucket_sizes
 from engine.worker.kernel_warmup import warm_up_triton
 from engine.worker.kv_cache import CacheLayout, KVCache
@@ -34,7 +34,6 @@ from engine.worker.model_runner import ModelRunner
 from engine.worker.sampler import Sampler
 from pageserve_kernels.attention_launch import KernelVariant
 from pageserve_kernels.dispatch import select_backend
-from shared.sampling import SamplingError
 
 
 @dataclass(frozen=True)
@@ -67,6 +66,7 @@ class EngineCore:
             layout.num_device_blocks,
             layout.num_cpu_blocks,
             layout.block_size,
+            vocab_size=loaded.shape.vocab_size,
         )
         backend = select_backend(config.attention_backend, config.model.device)  # the one choice
         self.kv_cache = KVCache(layout, config.model.device, backend.copy_blocks)
@@ -97,19 +97,23 @@ class EngineCore:
         """Queue a request (raises RequestRejected when it could never run)."""
         if request.eos_token_id is None:  # ignore_eos is honoured by the scheduler's stop rule
             request.eos_token_id = self.model_info.eos_token_id
-        try:  # a bias on an id the model lacks would fail the whole step in the sampler
-            request.sampling.check_vocabulary(self.model_info.vocab_size)
-        except SamplingError as e:
-            raise RequestRejected(str(e)) from None
         self.scheduler.add_request(request)
 
     def abort_requests(self, request_ids: Iterable[str]) -> list[RequestDelta]:
         return self.scheduler.abort_requests(list(request_ids))
 
     def step(self) -> list[RequestDelta]:
+        """One step; raises RequestsFailed (the step's requests aborted, the engine fine) when the
+        forward, sampling or stop checks failed for reasons of those requests (engine/step_failures.py)."""
         out = self.scheduler.schedule()
-        result = self.runner.execute(out)
-        return self.scheduler.update(out, result)
+        try:
+            result = self.runner.execute(out)
+            return self.scheduler.update(out, result)
+        except Exception as e:
+            if is_fatal(e):
+                raise
+            failed = self.scheduler.fail_step(out)
+            raise RequestsFailed(failed, f"the step failed: {type(e).__name__}: {e}") from e
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()

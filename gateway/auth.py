@@ -20,6 +20,7 @@ lookup itself belongs to `gateway/tenancy/`. The key is never logged nor echoed.
 
 from __future__ import annotations
 
+import logging
 from typing import Protocol
 
 from starlette.requests import Request
@@ -28,7 +29,15 @@ from gateway.errors import AuthenticationError, ServiceUnavailable
 from gateway.recent_keys import RecentKeys
 from gateway.tenancy.admission import Admission, Ticket
 from gateway.tenancy.errors import TenancyUnavailable
+from gateway.tenancy.outage_policy import OutagePolicy
 from gateway.tenancy.store import AuthContext
+
+log = logging.getLogger("pageserve.gateway")
+FAIL_CLOSED = OutagePolicy()
+
+EARLY_CHECK_BYTES = 8 * 1024
+"""Bodies declared larger than this (about 2,000 tokens of text) have their key verified before they are
+read: the extra round trip is small next to tokenizing them, and it keeps bad keys from costing that work."""
 
 
 class KeyStore(Protocol):
@@ -59,7 +68,8 @@ async def authenticate(request: Request, store: KeyStore) -> AuthContext:
 async def verify(key: str, store: KeyStore) -> AuthContext:
     try:
         auth = await store.authenticate(key)
-    except TenancyUnavailable:
+    except TenancyUnavailable as e:
+        log.warning("Redis unavailable: refused a request at its key check: %s", e.message)
         raise _unavailable() from None
     if auth is None:
         raise _rejected()
@@ -67,16 +77,22 @@ async def verify(key: str, store: KeyStore) -> AuthContext:
 
 
 async def admit(key: str, store: KeyStore, admission: Admission | None, prompt_tokens: int,
-                reserve: int) -> tuple[AuthContext, Ticket | None]:
+                reserve: int, outage: OutagePolicy | None = None) -> tuple[AuthContext, Ticket | None]:
     """Verify the key and reserve its quota in one round trip: (caller, ticket), or 401 / 429 / 503.
 
-    Without quotas (admission None) this only verifies the key, and there is no ticket.
+    Without quotas (admission None) this only verifies the key, and there is no ticket. While Redis
+    is down, `outage` decides: a 503 (logged), or no ticket for a fail-open tenant.
     """
     if admission is None:
         return await verify(key, store), None
-    admitted = await admission.admit_key(key, prompt_tokens, reserve)  # TenancyUnavailable -> 503 (app handler)
+    outage = outage or FAIL_CLOSED
+    try:
+        admitted = await admission.admit_key(key, prompt_tokens, reserve)
+    except TenancyUnavailable as e:
+        return outage.during_outage(key, e), None  # or TenancyUnavailable -> 503 (app handler)
     if admitted is None:
         raise _rejected()
+    outage.remember(key, admitted[0])
     return admitted
 
 

@@ -38,6 +38,10 @@ class GatewayConfig:
     """Bearer token of the /admin routes (PAGESERVE_ADMIN_TOKEN only, never a flag); None disables them."""
     engine_connect_timeout_s: float = 180.0
     """How long start-up waits for the engine's handshake (it may still be loading the model)."""
+    redis_down_fail_open: frozenset[str] = frozenset()
+    """Tenants served without quotas while Redis is down (gateway/tenancy/outage_policy.py); others get 503."""
+    engine_curve_dir: str | None = None
+    """ZeroMQ CURVE keys for the engine socket (shared/curve.py: engine.key, gateway.key_secret); None: plain."""
     engine_retry_interval_s: float = 1.0
     """How often a lost engine connection is retried while the gateway runs."""
     engine_poll_interval_s: float = 1.0

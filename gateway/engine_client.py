@@ -49,6 +49,7 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
+from shared.curve import ClientKeys, connect_curve
 from shared.protocol import (
     PROTOCOL_VERSION,
     SHUTTING_DOWN,
@@ -92,6 +93,12 @@ class EngineDeadError(EngineError):
 
 class RequestFailedError(EngineError):
     """The engine refused or failed this one request; the engine itself goes on."""
+
+    def __init__(self, message: str, code: str = "", param: str = "") -> None:
+        super().__init__(message)
+        self.code = code
+        """shared.protocol.REQUEST_REJECTED (refused at admission: the caller's fault) or REQUEST_FAILED."""
+        self.param = param
 
 
 class RequestStream:
@@ -152,8 +159,11 @@ def default_gateway_id() -> str:
 
 
 class EngineClient:
-    def __init__(self, address: str, gateway_id: str | None = None, *, handshake_timeout: float = 10.0) -> None:
+    def __init__(self, address: str, gateway_id: str | None = None, *, handshake_timeout: float = 10.0,
+                 curve: ClientKeys | None = None) -> None:
         self.address = address
+        self._curve = curve
+        """CURVE keys for an engine that requires them (shared/curve.py); None: plain TCP."""
         self.gateway_id = gateway_id or default_gateway_id()
         self.handshake_timeout = handshake_timeout
         self._ctx = zmq.asyncio.Context()
@@ -184,6 +194,8 @@ class EngineClient:
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
         sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
+        if self._curve is not None:
+            connect_curve(sock, self._curve)
         self._sock = sock
         # The monitor exists before connect so that no connection event is missed.
         self._monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
@@ -251,9 +263,11 @@ class EngineClient:
         self._check_alive()
         if request.request_id in self._streams:
             raise ValueError(f"request id {request.request_id!r} is already in flight")
+        frame = encode(request)  # before the stream exists: a value the encoder refuses leaves nothing behind
         stream = RequestStream(self, request.request_id, request.sampling.n)
         self._streams[request.request_id] = stream
-        await self._send(request)
+        assert self._sock is not None
+        await self._sock.send(frame)
         return stream
 
     async def abort(self, request_id: str) -> None:
@@ -347,7 +361,7 @@ class EngineClient:
         elif err.request_id is not None and err.code == SHUTTING_DOWN:
             self._route(err.request_id, EngineDeadError(err.message))  # not this request's fault: a 503
         elif err.request_id is not None:
-            self._route(err.request_id, RequestFailedError(err.message))
+            self._route(err.request_id, RequestFailedError(err.message, err.code, err.param))
         else:
             log.error("engine error about no request: %s", err.message)
 

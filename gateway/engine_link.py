@@ -25,6 +25,7 @@ import logging
 import time
 
 from gateway.engine_client import EngineClient, EngineError, EngineUnavailableError
+from shared.curve import ClientKeys
 from shared.protocol import Ready, Stats
 
 log = logging.getLogger("pageserve.gateway")
@@ -32,8 +33,9 @@ log = logging.getLogger("pageserve.gateway")
 
 class EngineLink:
     def __init__(self, address: str, retry_interval_s: float = 1.0, handshake_timeout_s: float = 5.0,
-                 poll_interval_s: float = 1.0, stall_s: float = 30.0) -> None:
+                 poll_interval_s: float = 1.0, stall_s: float = 30.0, curve: ClientKeys | None = None) -> None:
         self.address = address
+        self._curve = curve
         self._retry_interval_s = retry_interval_s
         self._handshake_timeout_s = handshake_timeout_s
         self._poll_interval_s = poll_interval_s
@@ -74,7 +76,7 @@ class EngineLink:
         self._tasks = [asyncio.create_task(self._keep_alive()), asyncio.create_task(self._watch_progress())]
 
     async def _connect(self) -> bool:
-        client = EngineClient(self.address, handshake_timeout=self._handshake_timeout_s)
+        client = EngineClient(self.address, handshake_timeout=self._handshake_timeout_s, curve=self._curve)
         try:
             await client.start()
         except EngineUnavailableError as e:

@@ -29,7 +29,7 @@ from gateway.errors import APIError, EngineUnavailable, InternalError, InvalidRe
 from gateway.logprobs import LogprobEntry, TokenTexts
 from gateway.stop_strings import StopStringMatcher
 from gateway.tenancy.admission import Ticket
-from shared.protocol import AddRequest, Finished, TokenDelta
+from shared.protocol import DEADLINE_EXCEEDED, REQUEST_FAILED, AddRequest, Finished, TokenDelta
 from shared.sampling import SamplingParams
 
 log = logging.getLogger("pageserve.gateway")
@@ -185,14 +185,21 @@ class Generation:
                     return
         except EngineError as e:
             self.failed = True
-            if isinstance(e, RequestFailedError) and self.usage.completion_tokens == 0:
+            if (isinstance(e, RequestFailedError) and e.code not in (REQUEST_FAILED, DEADLINE_EXCEEDED)
+                    and self.usage.completion_tokens == 0):
                 # Refused before any output: the engine's admission checks (request_checks.py)
                 # found a request that can never run here (KV blocks, n, context): the caller's fault.
-                raise InvalidRequest(f"the engine refused the request: {e}", code="request_rejected") from None
+                raise InvalidRequest(f"the engine refused the request: {e}", param=e.param or None,
+                                     code="request_rejected") from None
             raise _as_api_error(e) from None
         except APIError:
             self.failed = True
             raise
+        except Exception as e:  # detokenising or stop strings broke on this stream: it fails, nobody else
+            self.failed = True
+            log.exception("request %s failed while turning tokens into text", self.request_id)
+            raise InternalError(f"internal error while generating ({type(e).__name__})",
+                                code="internal_error") from e
 
     def _on_delta(self, sample: _Sample, item: TokenDelta) -> list[ChoiceDelta]:
         out = self._text_deltas(sample, item)
@@ -253,6 +260,8 @@ class Generation:
 
 
 def _as_api_error(e: EngineError) -> APIError:
+    if isinstance(e, RequestFailedError) and e.code == DEADLINE_EXCEEDED:
+        return APIError(f"the request timed out: {e}", code="request_timeout", status_code=504)
     if isinstance(e, RequestFailedError):
         return InternalError(f"the engine failed this request: {e}", code="engine_request_error")
     if isinstance(e, EngineDeadError):

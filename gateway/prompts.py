@@ -46,8 +46,7 @@ class Prompts:
         return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
     async def completion(self, prompt: str | list[int]) -> list[int]:
-        if isinstance(prompt, list):
-            self.check_vocab(prompt, "prompt")
+        if isinstance(prompt, list):  # ids are checked against the engine's vocabulary in serving.plan
             return list(prompt)
         if not prompt:
             raise InvalidRequest("prompt must not be empty", param="prompt")

@@ -102,6 +102,10 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
       "default: a fresh temporary folder")
     a("--log-level", default=d.log_level, help="critical, error, warning, info or debug")
     a("--log-format", default=d.log_format, choices=["text", "json"], help="text, or one JSON object a line")
+    a("--redis-down-fail-open", default="",
+      help="comma-separated tenants served without quotas while Redis is down (default: none, every request 503)")
+    a("--engine-curve-dir", default=None,
+      help="ZeroMQ CURVE key folder for the engine socket (pageserve curve-keys): authenticate and encrypt")
     add_env_twins(p, "PAGESERVE_", ENV_NAMES, environ)
     return p
 
@@ -136,6 +140,8 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> Gatewa
         cors_origins=tuple(o.strip() for o in a.cors_origins.split(",") if o.strip()),
         tls_certfile=a.tls_certfile, tls_keyfile=a.tls_keyfile, metrics_dir=a.metrics_dir,
         log_level=a.log_level, log_format=a.log_format, workers=a.workers, admission=admission,
+        engine_curve_dir=a.engine_curve_dir,
+        redis_down_fail_open=frozenset(t.strip() for t in a.redis_down_fail_open.split(",") if t.strip()),
         admin_token=env.get("PAGESERVE_ADMIN_TOKEN") or None,  # env only: a flag would show in `ps`
     )
 

@@ -1,7 +1,7 @@
 """From a validated, tokenized request to an HTTP response: streamed or whole.
 
 Owns the request's path after the route parsed it: `plan` (default max_tokens,
-context-length check), then `serve`: admission (key + quotas, one Redis round
+token ids inside the engine's vocabulary, context-length check), then `serve`: admission (key + quotas, one Redis round
 trip), submission, then either an SSE stream of OpenAI chunks or one JSON
 body, and in both cases the single `Generation.close()` (engine abort if still
 running + usage settlement) when it ends, fails or the client goes away; for a
@@ -31,7 +31,7 @@ from gateway.request_context import record_of
 from gateway.schemas import GenerationSettings
 from gateway.sse import DONE, SSEResponse, sse_event
 from gateway.state import EngineHandle, GatewayState
-from gateway.tenancy.admission import Admission
+from gateway.token_limits import check_token_ids, vocab_size_of
 from shared.protocol import Ready
 from shared.sampling import SamplingError, SamplingParams
 
@@ -53,15 +53,21 @@ class Plan:
     settings: GenerationSettings
     prompt: PromptInput
     sampling: SamplingParams
-    """The request's sampling, max_tokens defaulted to the room left when the client gave none."""
+    """The request's final sampling, max_tokens defaulted to the room left when the client gave none."""
     engine: EngineHandle
+    reserved_output_tokens: int
+    """Output tokens admission reserves: n x max_tokens, or n x the configured cap for a defaulted max_tokens."""
 
 
 def plan(state: GatewayState, endpoint: Endpoint, settings: GenerationSettings, prompt: PromptInput) -> Plan:
-    """Default max_tokens and check the context: 400 or 503 (engine down) before any quota is touched."""
+    """The one place a request's final sampling parameters and its reservation are decided: default
+    max_tokens, check token ids and the context; 400 or 503 (engine down) before any quota is touched."""
     engine = state.engine_client()
     info = engine.model_info
     sampling = settings.sampling
+    vocab = vocab_size_of(info.vocab_size, state.prompts.vocab_size)
+    check_token_ids(prompt.token_ids, vocab, prompt.param)
+    check_token_ids(sampling.stop_token_ids, vocab, "stop_token_ids")
     if not settings.max_tokens_given:
         # The room left in the context, and in the whole KV pool (the engine refuses a request
         # that could never fit: a default must not make a valid request unservable).
@@ -71,7 +77,10 @@ def plan(state: GatewayState, endpoint: Endpoint, settings: GenerationSettings, 
         sampling = dataclasses.replace(sampling, max_tokens=max(default, sampling.min_tokens))
     check_context(len(prompt.token_ids), sampling.max_tokens, info.max_model_len, prompt.param, settings.max_param)
     sampling = _with_engine_defaults(sampling, settings, info)
-    return Plan(endpoint, settings, prompt, sampling, engine)
+    per_sample = sampling.max_tokens
+    if not settings.max_tokens_given and state.admission is not None:
+        per_sample = min(per_sample, state.admission.config.default_max_tokens)
+    return Plan(endpoint, settings, prompt, sampling, engine, sampling.n * per_sample)
 
 
 def _with_engine_defaults(sampling: SamplingParams, settings: GenerationSettings, info: Ready) -> SamplingParams:
@@ -84,14 +93,6 @@ def _with_engine_defaults(sampling: SamplingParams, settings: GenerationSettings
         except SamplingError as e:
             raise InvalidRequest(str(e), param=e.param, code="invalid_value") from None
     return sampling
-
-
-def reservation(plan: Plan, admission: Admission | None) -> int:
-    """Output tokens to reserve: n x max_tokens, or n x the configured cap when max_tokens is the default."""
-    per_sample = plan.sampling.max_tokens
-    if not plan.settings.max_tokens_given and admission is not None:
-        per_sample = min(per_sample, admission.config.default_max_tokens)
-    return plan.sampling.n * per_sample
 
 
 async def serve(request: Request, state: GatewayState, plan: Plan, key: str) -> ASGIApp:
@@ -107,7 +108,7 @@ async def serve(request: Request, state: GatewayState, plan: Plan, key: str) -> 
     admission_started = time.perf_counter()
     try:
         caller, ticket = await admit(key, state.store, state.admission, len(plan.prompt.token_ids),
-                                     reservation(plan, state.admission))
+                                     plan.reserved_output_tokens, state.outage)
     finally:
         if record is not None:
             record.admission_s = time.perf_counter() - admission_started

@@ -23,6 +23,7 @@ from gateway.generation import Engine
 from gateway.prompts import Prompts
 from gateway.recent_keys import RecentKeys
 from gateway.tenancy.admission import Admission
+from gateway.tenancy.outage_policy import OutagePolicy
 from shared.protocol import Ready, Stats
 
 
@@ -70,6 +71,8 @@ class GatewayState:
     """The model object's `created` (the same on every call, as OpenAI's is)."""
     recent_keys: RecentKeys = field(default_factory=RecentKeys)
     """Keys (hashes) verified in the last seconds: the key check before the body skips Redis for them."""
+    outage: OutagePolicy = field(default_factory=OutagePolicy)
+    """What admission does while Redis is down: fail closed, or serve chosen tenants without quotas."""
 
     def engine_client(self) -> EngineHandle:
         """The live engine client, or a 503 for this request."""
@@ -102,14 +105,17 @@ async def open_services(config: GatewayConfig) -> AsyncIterator[GatewayState]:
                     pool_wait_s=config.redis_pool_wait_s)
     store = TenantStore(redis, prefix=config.redis_prefix, actor="gateway")
     admission = Admission(redis, prefix=config.redis_prefix, config=config.admission)
+    from shared.curve import client_keys
+
+    curve = None if config.engine_curve_dir is None else client_keys(config.engine_curve_dir)
     link: EngineLink | ReplicaSet = (
         open_replicas(config.replicas, redis, config.redis_prefix) if config.replicas.enabled
         else EngineLink(config.engine_address, retry_interval_s=config.engine_retry_interval_s,
-                        poll_interval_s=config.engine_poll_interval_s, stall_s=config.engine_stall_s))
+                        poll_interval_s=config.engine_poll_interval_s, stall_s=config.engine_stall_s, curve=curve))
     try:
         await link.start(config.engine_connect_timeout_s)
         yield GatewayState(config=config, engine=link, prompts=prompts, store=store, redis=store,
-                           admission=admission)
+                           admission=admission, outage=OutagePolicy(fail_open=config.redis_down_fail_open))
     finally:
         await admission.aclose()
         await link.close()

@@ -16,6 +16,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "admin": ("ops.admin", "manage tenants, keys, quotas and usage in Redis"),
     "bench": ("ops.bench", "benchmarks: offline, serve, memory, priority, admission, streaming, soak, replicas, sampler"),
     "generate": ("ops.generate", "offline generation from the command line"),
+    "curve-keys": ("shared.curve", "write ZeroMQ CURVE key files for the engine socket"),
 }
 
 

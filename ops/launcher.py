@@ -79,10 +79,20 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _spawn(name: str, argv: list[str], quiet: bool = False) -> Child:
+def _spawn(name: str, argv: list[str], quiet: bool = False, env: dict[str, str] | None = None) -> Child:
     # start_new_session: the terminal's Ctrl-C reaches only the launcher, which stops children in order.
     out = subprocess.DEVNULL if quiet else None
-    return Child(name, subprocess.Popen(argv, start_new_session=True, stdout=out, stderr=out))
+    full_env = None if env is None else {**os.environ, **env}
+    return Child(name, subprocess.Popen(argv, start_new_session=True, stdout=out, stderr=out, env=full_env))
+
+
+def gateway_command(cli: list[str], config: LaunchConfig, engine_address: str,
+                    redis_url: str) -> tuple[list[str], dict[str, str]]:
+    """The gateway's argv and extra environment. The Redis URL (it may hold a password) goes by
+    environment: argv is readable by every local user (`ps`, /proc/PID/cmdline)."""
+    argv = [*cli, "gateway", "--engine", engine_address, "--host", config.host, "--port", str(config.port),
+            "--model", config.model, "--redis-prefix", config.redis_prefix, "--engine-timeout", str(HEALTH_TIMEOUT_S)]
+    return argv, {"PAGESERVE_REDIS_URL": redis_url}
 
 
 def start_redis() -> tuple[Child, str]:
@@ -213,6 +223,8 @@ def main(argv: list[str]) -> int:
 
 
 def _run(config: LaunchConfig, children: list[Child], stopping: Callable[[], bool]) -> int:
+    from gateway.tenancy.redis_conn import redact_url  # redis' client loads only when serving
+
     cli = [sys.executable, "-m", "ops.cli"]
     redis_url = config.redis_url
     if redis_url is None:
@@ -226,13 +238,11 @@ def _run(config: LaunchConfig, children: list[Child], stopping: Callable[[], boo
             children.append(_spawn(name, [*cli, "engine", "--model", config.model, "--listen", address,
                                           *config.engine_args]))
         engine_address = ",".join(addresses)
-    children.append(_spawn("gateway", [*cli, "gateway", "--engine", engine_address, "--redis-url", redis_url,
-                                       "--host", config.host, "--port", str(config.port), "--model", config.model,
-                                       "--redis-prefix", config.redis_prefix,
-                                       "--engine-timeout", str(HEALTH_TIMEOUT_S)]))
+    gateway_argv, gateway_env = gateway_command(cli, config, engine_address, redis_url)
+    children.append(_spawn("gateway", gateway_argv, env=gateway_env))
     wait_healthy(f"http://{config.host}:{config.port}/health", children, HEALTH_TIMEOUT_S)
     key = asyncio.run(create_demo_key(redis_url, config.redis_prefix, config.tenant))
-    print(f"\npageserve is up: http://{config.host}:{config.port}  (model {config.model}, redis {redis_url})")
+    print(f"\npageserve is up: http://{config.host}:{config.port}  (model {config.model}, redis {redact_url(redis_url)})")
     print(f"API key for tenant {config.tenant!r} (shown once):\n  {key}\n")
     print(curl_line(config.host, config.port, key, config.model))
     print("\nCtrl-C stops redis, the engine(s) and the gateway.", flush=True)

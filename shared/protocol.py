@@ -42,6 +42,12 @@ PROTOCOL_VERSION = 1
 ErrorKind = Literal["request", "engine"]
 SHUTTING_DOWN = "shutting_down"
 """Error.code of a request refused because the engine is stopping."""
+REQUEST_REJECTED = "request_rejected"
+"""Error.code of a request refused at admission: it can never run with this model (the client's fault)."""
+DEADLINE_EXCEEDED = "deadline_exceeded"
+"""Error.code of a request the engine aborted because it ran past the engine's request deadline."""
+REQUEST_FAILED = "request_failed"
+"""Error.code of a request that failed while it ran; its blocks are freed and the engine goes on."""
 FinishReason = Literal["stop", "length", "abort"]
 
 
@@ -181,7 +187,10 @@ class Error:
     kind: ErrorKind
     message: str
     code: str = ""
-    """Machine-readable detail; "shutting_down": refused because the engine is stopping (retry elsewhere)."""
+    """Machine-readable detail; "shutting_down": refused because the engine is stopping (retry elsewhere);
+    "request_rejected": the request can never run here (a 4xx); "request_failed": it failed mid-run (a 500)."""
+    param: str = ""
+    """The request field at fault, when one is (OpenAI's error `param`)."""
 
 
 @dataclass(frozen=True)
@@ -267,7 +276,8 @@ _TOP_LEVEL: tuple[type, ...] = (Hello, Ready, AddRequest, Abort, StepOutputs, Er
 _CODEC = Codec(_TOP_LEVEL)
 
 __all__ = [
-    "PROTOCOL_VERSION", "SHUTTING_DOWN", "ErrorKind", "FinishReason", "Message", "ProtocolError", "decode", "encode",
+    "DEADLINE_EXCEEDED", "PROTOCOL_VERSION", "REQUEST_FAILED", "REQUEST_REJECTED", "SHUTTING_DOWN", "ErrorKind",
+    "FinishReason", "Message", "ProtocolError", "decode", "encode",
     "Hello", "Ready", "SamplingDefault", "AddRequest", "Abort", "StepOutputs", "TokenDelta", "TokenLogprob",
     "Finished", "Usage", "Error", "GetStats", "Stats", "PriorityLoad", "TenantLoad", "Bye",
 ]

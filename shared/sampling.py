@@ -16,6 +16,14 @@ DEFAULTABLE_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_pena
 """Fields a server-wide default may fill: those vLLM reads from generation_config.json."""
 MAX_LOGIT_BIAS = 300
 """Most entries in one logit_bias map (OpenAI's own limit)."""
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+"""Every integer here travels as a msgpack int64 and ends in torch or Python arithmetic that holds it."""
+UINT64_MAX = 2**64 - 1
+"""A seed may use the whole unsigned range too (msgpack and torch.Generator.manual_seed hold it)."""
+MAX_STOP_TOKEN_IDS = 64
+"""Each is compared with every sampled token and masked while min_tokens holds: keep the list short."""
+GREEDY_BELOW = 1e-5
+"""Temperatures under this sample greedily (vLLM's rule): logits / 1e-300 overflow to inf and NaN."""
 
 
 class SamplingError(ValueError):
@@ -31,7 +39,7 @@ class SamplingParams:
     n: int = 1
     """Number of independent samples that share the prompt."""
     temperature: float = 1.0
-    """0 means greedy."""
+    """0 (or anything below GREEDY_BELOW) means greedy."""
     top_p: float = 1.0
     top_k: int = 0
     """0 disables top-k."""
@@ -59,6 +67,10 @@ class SamplingParams:
     (at most MAX_LOGPROBS), of the raw model output (vLLM V1's default `raw_logprobs`)."""
 
     def __post_init__(self) -> None:
+        self._check_ranges()
+        self._check_wire_ints()
+
+    def _check_ranges(self) -> None:
         if not isinstance(self.n, int) or not 1 <= self.n <= 16:
             raise SamplingError("n", "n must be an integer between 1 and 16")
         if not 0.0 <= self.temperature <= 2.0:
@@ -105,9 +117,23 @@ class SamplingParams:
         """Any of presence, frequency or repetition penalty is active (the sampler needs past tokens)."""
         return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
 
+    def _check_wire_ints(self) -> None:
+        """Integers the wire (msgpack int64) and the sampler can hold; token ids non-negative.
+        Whether a stop id is inside the vocabulary needs the model: engine/scheduling/request_checks.py."""
+        for name in ("top_k", "max_tokens", "min_tokens"):
+            if not INT64_MIN <= getattr(self, name) <= INT64_MAX:
+                raise SamplingError(name, f"{name} must fit a signed 64-bit integer")
+        if self.seed is not None and not INT64_MIN <= self.seed <= UINT64_MAX:
+            raise SamplingError("seed", f"seed must be between {INT64_MIN} and {UINT64_MAX}")
+        ids = self.stop_token_ids
+        if len(ids) > MAX_STOP_TOKEN_IDS:
+            raise SamplingError("stop_token_ids", f"at most {MAX_STOP_TOKEN_IDS} stop_token_ids are allowed")
+        if any(type(t) is not int or not 0 <= t <= INT64_MAX for t in ids):
+            raise SamplingError("stop_token_ids", "stop_token_ids must be non-negative integers")
+
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_BELOW
 
     def with_defaults(self, defaults: dict[str, float], given: frozenset[str]) -> SamplingParams:
         """These params with each default (field name -> value, announced by the engine) filled in

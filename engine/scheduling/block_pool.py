@@ -148,6 +148,13 @@ class BlockPool:
         del self._cached[block.block_hash]
         block.block_hash = block.token_ids = None
 
+    def forget_free_cached(self) -> None:
+        """Drop every cached block nobody holds from the prefix cache (their KV is untrusted)."""
+        while len(self._evictable):
+            block = self._evictable.popleft()
+            self._uncache(block)
+            self._free.append(block.block_id)
+
     def evictable_ids(self) -> list[int]:
         return self._evictable.block_ids()
 

@@ -50,8 +50,8 @@ __all__ = ["RequestRejected", "Scheduler", "SchedulerConfig", "SchedulerStats"]
 class Scheduler:
     """Continuous batching over `num_device_blocks` KV blocks of `block_size` tokens, with a
     CPU pool of `num_cpu_blocks` for swapped requests. `clock` (seconds, monotonic) times
-    aging; tests pass a fake one. Request ids in chunks are internal sample ids; deltas
-    carry the client's id and the sample index."""
+    aging; tests pass a fake one. `vocab_size` bounds token ids at admission. Request ids in
+    chunks are internal sample ids; deltas carry the client's id and the sample index."""
 
     def __init__(
         self,
@@ -60,8 +60,11 @@ class Scheduler:
         num_cpu_blocks: int,
         block_size: int,
         clock: Callable[[], float] = time.monotonic,
+        vocab_size: int | None = None,
     ) -> None:
         self.config = config
+        self.vocab_size = vocab_size
+        """Token ids of requests are checked against it at admission (None: no model, unchecked)."""
         self.block_size = block_size
         self.bm = BlockManager(num_device_blocks, num_cpu_blocks, block_size, config.enable_prefix_caching)
         self.waiting = FairQueue(config.policy, config.aging_rate)
@@ -82,7 +85,7 @@ class Scheduler:
         ids = [req.request_id] if req.sampling.n == 1 else sample_ids(req)
         if req.request_id in self._groups or any(i in self._live for i in ids):
             raise RequestRejected(f"request id {req.request_id!r} is already in use")
-        validate_request(req, self.config, self.bm.blocks_for, self.bm.device.num_blocks)
+        validate_request(req, self.config, self.bm.blocks_for, self.bm.device.num_blocks, self.vocab_size)
         group = split_samples(req)
         now = self._clock()
         self._groups[group.client_id] = group
@@ -104,6 +107,17 @@ class Scheduler:
                 self._finish(sample, RequestStatus.FINISHED_ABORTED)
                 deltas.append(make_delta(sample, [], group, group.samples.index(sample)))
         return deltas
+
+    def fail_step(self, out: SchedulerOutput) -> list[str]:
+        """A step's execution failed: abort every request it scheduled and return their client ids.
+        The KV its forward should have written is untrusted, so cached blocks nobody holds are
+        forgotten too (blocks registered in this step are held only by requests of this step)."""
+        client_ids = sorted({self._live[c.request_id].group.client_id for c in out.chunks
+                             if c.request_id in self._live})
+        self.abort_requests(client_ids)
+        self.bm.end_step()
+        self.bm.device.forget_free_cached()
+        return client_ids
 
     def has_unfinished(self) -> bool:
         return bool(self._live)

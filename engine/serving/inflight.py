@@ -66,6 +66,14 @@ class InFlightTable:
         """The ids among these that are in flight and were sent by this gateway."""
         return [rid for rid in request_ids if rid in self._entries and self._entries[rid].gateway == gateway]
 
+    def added_before(self, cutoff: float) -> list[str]:
+        """Requests accepted before `cutoff` (time.monotonic()) and still in flight."""
+        return [rid for rid, e in self._entries.items() if e.added_at < cutoff]
+
+    def gateway_of(self, request_id: str) -> bytes | None:
+        entry = self._entries.get(request_id)
+        return None if entry is None else entry.gateway
+
     def of_gateway(self, gateway: bytes) -> list[str]:
         return [rid for rid, entry in self._entries.items() if entry.gateway == gateway]
 

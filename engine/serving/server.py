@@ -9,8 +9,10 @@ Gateways are told apart by their ZeroMQ routing identity; every request remember
 the identity that sent it, so outputs go back only there. Messages are drained
 before each step, so an Abort always takes effect before the next step. A
 malformed or unexpected message is logged and answered with an Error; the loop
-goes on. An exception from the core is fatal: every gateway is told (Error kind
-"engine") and the process exits 1. SIGTERM/SIGINT stop admissions (new
+goes on. A step that fails for reasons of its requests (engine/step_failures.py)
+fails those requests only (Error kind "request", code REQUEST_FAILED); any other
+exception from the core is fatal: every gateway is told (Error kind "engine") and
+the process exits 1. SIGTERM/SIGINT stop admissions (new
 requests get an Error with code SHUTTING_DOWN), give in-flight requests
 `shutdown_grace_s` to finish, abort the rest, tell every gateway, and exit 0.
 A gateway that says Bye, or whose connection is gone (the next send to it
@@ -44,9 +46,14 @@ from engine.request import Request
 from engine.serving.announce import add_announce_args, announced
 from engine.serving.inflight import InFlightTable
 from engine.serving.step_stats import CoreCounts, StepStats
+from engine.step_failures import RequestsFailed
 from shared.cli_env import add_env_twins
+from shared.curve import serve_curve, server_keys
 from shared.protocol import (
+    DEADLINE_EXCEEDED,
     PROTOCOL_VERSION,
+    REQUEST_FAILED,
+    REQUEST_REJECTED,
     SHUTTING_DOWN,
     Abort,
     AddRequest,
@@ -62,7 +69,6 @@ from shared.protocol import (
     decode,
     encode,
 )
-from shared.sampling import SamplingError
 
 log = logging.getLogger("pageserve.engine")
 
@@ -106,6 +112,15 @@ class ServerConfig:
     """On SIGTERM, in-flight requests get this long to finish before they are aborted."""
     close_linger_ms: int = 2000
     """How long final messages (the shutdown Error) may take to flush at exit."""
+    curve_dir: str | None = None
+    """CURVE keys (shared/curve.py): only authorized gateways connect, traffic is encrypted; None: plain."""
+    request_deadline_s: float | None = None
+    """A request still in flight this long after the engine accepted it is aborted (its blocks freed)
+    and its gateway told (Error code DEADLINE_EXCEEDED, the gateway settles it); None: no deadline."""
+
+
+DEADLINE_CHECK_S = 0.1
+"""How often the in-flight table is scanned for requests past their deadline."""
 
 
 class EngineServer:
@@ -121,6 +136,11 @@ class EngineServer:
         # gateway's connection, so the next send to it fails and its requests are aborted.
         self._sock.setsockopt(zmq.HEARTBEAT_IVL, 1000)
         self._sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 10_000)
+        self._auth = None if config.curve_dir is None else serve_curve(self._ctx, self._sock,
+                                                                        server_keys(config.curve_dir))
+        if self._auth is None and not _is_loopback(config.listen):
+            log.warning("engine socket %s is not loopback and has no CURVE keys (--curve-dir): any host that "
+                        "reaches it can submit requests", config.listen)
         self._sock.bind(config.listen)
         self.address: str = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
         # Signals and other threads wake the poll through this pair (see request_stop).
@@ -133,6 +153,7 @@ class EngineServer:
         self._gateways: dict[bytes, str] = {}
         self._inflight = InFlightTable()
         self._stop_deadline: float | None = None
+        self._next_deadline_check = 0.0
         self.stats = StepStats()
 
     # ----------------------------------------------------------------- lifecycle
@@ -154,6 +175,7 @@ class EngineServer:
                 self._wait_for_io()
                 started = time.perf_counter()
                 self._drain()
+                self._expire_deadlines()
                 if self.core.has_unfinished_requests():
                     self._step(started)
         except Exception as e:
@@ -198,6 +220,8 @@ class EngineServer:
 
     def _close(self) -> None:
         self._sock.close(linger=self.config.close_linger_ms)
+        if self._auth is not None:
+            self._auth.stop()
         self._ctx.term()  # returns once the final messages are flushed (or the linger ran out)
         if self.address.startswith("ipc://"):  # libzmq leaves the socket file behind
             with contextlib.suppress(FileNotFoundError):
@@ -265,40 +289,46 @@ class EngineServer:
             self._send(gateway, Error(add.request_id, "request", "the engine is shutting down and admits no new "
                                       "requests", code=SHUTTING_DOWN))
             return
-        problem = self._check_add(add)
-        if problem is not None:
-            self._send(gateway, Error(add.request_id, "request", problem))
+        if add.request_id in self._inflight:
+            self._send(gateway, Error(add.request_id, "request", f"request id {add.request_id!r} is already in "
+                                      "flight", code=REQUEST_REJECTED, param="request_id"))
             return
+        # Every other check (token ids, numbers, emptiness, length, KV room) is the core's admission
+        # (engine/scheduling/request_checks.py); the EOS id is the core's to stamp.
         request = Request(
             request_id=add.request_id, prompt_token_ids=list(add.prompt_token_ids), sampling=add.sampling,
             arrival_time=add.arrival_time or time.time(), priority=add.priority, tenant_id=add.tenant_id,
-            weight=add.weight, cache_salt=add.cache_salt, eos_token_id=self.info.eos_token_id,
+            weight=add.weight, cache_salt=add.cache_salt,
         )
         try:
             self.core.add_request(request)
-        except ValueError as e:  # the core's verdict on a request it cannot serve
-            self._send(gateway, Error(add.request_id, "request", str(e)))
+        except AssertionError:
+            raise  # a broken invariant: the core's state is unknown (fatal)
+        except Exception as e:  # the core's verdict on a request it cannot serve; the engine goes on
+            if not isinstance(e, ValueError):
+                log.exception("admitting %s failed", add.request_id)
+            self._send(gateway, Error(add.request_id, "request", str(e) or type(e).__name__, code=REQUEST_REJECTED,
+                                      param=getattr(e, "param", "")))
             return
         self._inflight.add(add, gateway)
 
-    def _check_add(self, add: AddRequest) -> str | None:
-        if add.request_id in self._inflight:
-            return f"request id {add.request_id!r} is already in flight"
-        n, limit = len(add.prompt_token_ids), self.info.max_model_len
-        if n == 0:
-            return "the prompt is empty"
-        if n >= limit:
-            return f"the prompt has {n} tokens; the model's context is {limit} tokens (prompt + output)"
-        if not (add.weight > 0 and math.isfinite(add.weight)):
-            return f"weight must be a positive finite number, got {add.weight}"
-        vocab = self.info.vocab_size
-        if min(add.prompt_token_ids) < 0 or max(add.prompt_token_ids) >= vocab:
-            return f"prompt token ids must be in [0, {vocab})"
-        try:
-            add.sampling.check_vocabulary(vocab)
-        except SamplingError as e:
-            return str(e)
-        return None
+    def _expire_deadlines(self) -> None:
+        limit, now = self.config.request_deadline_s, time.monotonic()
+        if limit is None or now < self._next_deadline_check:
+            return
+        self._next_deadline_check = now + DEADLINE_CHECK_S
+        expired = self._inflight.added_before(now - limit)
+        if not expired:
+            return
+        self.core.abort_requests(expired)
+        self.stats.num_aborted += len(expired)
+        for rid in expired:
+            gateway = self._inflight.gateway_of(rid)
+            self._inflight.drop([rid])
+            if gateway is not None:
+                self._send(gateway, Error(rid, "request", f"the request ran past the engine's deadline of {limit:g} s",
+                                          code=DEADLINE_EXCEEDED))
+        log.warning("aborted %d request(s) past the %g s deadline", len(expired), limit)
 
     def _on_abort(self, gateway: bytes, request_ids: list[str]) -> None:
         mine = self._inflight.owned(gateway, request_ids)
@@ -314,13 +344,25 @@ class EngineServer:
     def _step(self, started: float) -> None:
         """One core step and its outputs; `started` is when this loop turn began draining messages."""
         step_start = time.perf_counter()
-        deltas = self.core.step()
+        try:
+            deltas = self.core.step()
+        except RequestsFailed as e:  # the core freed them; the engine goes on
+            self._fail_requests(e.request_ids, e.message)
+            return
         step_end = time.perf_counter()
         for gateway, (token_deltas, finished) in self._inflight.route(deltas).items():
             self._send(gateway, StepOutputs(token_deltas, finished, self.stats.num_steps + 1))
         self.stats.record_tokens(deltas)
         self.stats.record_step(len({d.request_id for d in deltas}), step_seconds=step_end - step_start,
                                loop_seconds=time.perf_counter() - started)
+
+    def _fail_requests(self, request_ids: list[str], message: str) -> None:
+        log.error("a step failed; failing its %d request(s): %s", len(request_ids), message)
+        for rid in request_ids:
+            gateway = self._inflight.gateway_of(rid)
+            if gateway is not None:
+                self._inflight.drop([rid])
+                self._send(gateway, Error(rid, "request", message, code=REQUEST_FAILED))
 
     def _send(self, gateway: bytes, msg: Message) -> None:
         try:
@@ -349,6 +391,11 @@ class EngineServer:
 
     def _name(self, gateway: bytes) -> str:
         return self._gateways.get(gateway, gateway.hex())
+
+
+def _is_loopback(address: str) -> bool:
+    host = address.removeprefix("tcp://").rpartition(":")[0]
+    return address.startswith(("ipc://", "inproc://")) or host in ("127.0.0.1", "localhost", "[::1]")
 
 
 # --------------------------------------------------------------------------- process entry
@@ -381,6 +428,10 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     p.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:1 ...")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--shutdown-grace", type=float, default=5.0, help="seconds in-flight requests get on SIGTERM")
+    p.add_argument("--request-deadline", type=float, default=None,
+                   help="seconds a request may stay in flight before it is aborted (request_deadline_s; default: none)")
+    p.add_argument("--curve-dir", default=None,
+                   help="ZeroMQ CURVE key folder (pageserve curve-keys): authenticate and encrypt the socket")
     p.add_argument("--log-level", default="INFO", help="CRITICAL, ERROR, WARNING, INFO or DEBUG")
     add_announce_args(p)
     p.add_argument("--default-sampling", default=None, metavar="JSON",
@@ -427,7 +478,9 @@ def main(argv: list[str]) -> int:
     except ValueError as e:  # a configuration error: say it plainly, no traceback
         print(f"pageserve engine: {e}", file=sys.stderr)
         return 2
-    server = EngineServer(core, info, ServerConfig(listen=args.listen, shutdown_grace_s=args.shutdown_grace))
+    server = EngineServer(core, info, ServerConfig(listen=args.listen, shutdown_grace_s=args.shutdown_grace,
+                                                   request_deadline_s=args.request_deadline,
+                                                   curve_dir=args.curve_dir))
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: server.request_stop())
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1 PID` prints every thread's stack: a slow step shows

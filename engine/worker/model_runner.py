@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from engine.outputs import RunnerOutput, SchedulerOutput
+from engine.step_failures import EngineStateLost
 from engine.worker.decode_graphs import DecodeGraphs
 from engine.worker.input_batch import build_step_inputs, order_chunks
 from engine.worker.kv_cache import KVCache
@@ -53,7 +54,10 @@ class ModelRunner:
 
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
         self.sampler.forget(out.finished_request_ids)
-        self.kv_cache.move_blocks(out.blocks_to_swap_out, out.blocks_to_swap_in, out.blocks_to_copy)
+        try:
+            self.kv_cache.move_blocks(out.blocks_to_swap_out, out.blocks_to_swap_in, out.blocks_to_copy)
+        except Exception as e:  # a half-done move may have corrupted requests outside this step
+            raise EngineStateLost(f"KV block moves failed: {type(e).__name__}: {e}") from e
         if not out.chunks:
             return RunnerOutput({})
         with torch.inference_mode():

@@ -232,10 +232,17 @@ class Admission:
             ticket._heartbeat_task = self._spawn(ticket._keep_alive())
         return ticket
 
-    async def heartbeat(self, reservation_id: str) -> bool:
-        """Extend the reservation's leases by lease_s; False if it holds none (settled, expired or unlimited)."""
+    async def heartbeat(self, reservation_id: str, tenant: str = "", key_id: str = "") -> bool:
+        """Extend the reservation's leases by lease_s; False if it holds none (settled, or unlimited).
+        If Redis lost the reservation (a restart) while the request runs, its leases under `tenant`
+        and `key_id` are re-established, so the concurrency limit holds again once Redis is back."""
+        args = [self.prefix, reservation_id, int(self.config.lease_s * 1000), tenant, key_id]
         with unavailable_on_failure():
-            return bool(await self._heartbeat([self.prefix, reservation_id, int(self.config.lease_s * 1000)]))
+            status = int(await self._heartbeat(args))
+        if status == 2:
+            log.warning("reservation %s of tenant %s: lease re-established after Redis lost it", reservation_id,
+                        tenant)
+        return status > 0
 
     async def settle_reservation(self, reservation_id: str, prompt_tokens: int, completion_tokens: int,
                                  cached_tokens: int = 0, error: bool = False) -> Settlement:
@@ -285,7 +292,7 @@ class Ticket:
         while True:
             await asyncio.sleep(cfg.heartbeat_s)
             try:
-                if not await self.admission.heartbeat(self.reservation_id):
+                if not await self.admission.heartbeat(self.reservation_id, self.auth.tenant, self.auth.key_id):
                     log.warning("reservation %s of tenant %s lost its lease", self.reservation_id, self.auth.tenant)
                     return
             except TenancyUnavailable:

@@ -222,23 +222,24 @@ local function reply(out)
 end
 """ + _ADMIT_BODY
 
-# ARGV: 1 prefix, 2 reservation id, 3 lease ms. Returns 1 if a lease was extended, else 0.
+# ARGV: 1 prefix, 2 reservation id, 3 lease ms, 4 tenant, 5 key id ('' for none). Called only for a
+# request that holds a lease and still runs. Returns 1 if its leases were extended, 2 if one was
+# re-established (Redis restarted, lost the reservation, or the lease ran out during an outage), 0 if settled.
 HEARTBEAT = _CLOCK + """
 local P, rid, lease_ms = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local rec = redis.call('HMGET', P .. ':resv:' .. rid, 'tenant', 'kid', 'settled')
-if not rec[1] or rec[3] == '1' then return 0 end
-local extended = 0
-local scopes = {'tenant:' .. rec[1]}
-if rec[2] ~= '' then scopes[2] = 'key:' .. rec[2] end
+if rec[3] == '1' then return 0 end
+local tenant, kid = rec[1] or ARGV[4], rec[2] or ARGV[5]
+local result = 1
+local scopes = {'tenant:' .. tenant}
+if kid ~= '' then scopes[2] = 'key:' .. kid end
 for _, base in ipairs(scopes) do
   local z = P .. ':conc:' .. base
-  if redis.call('ZSCORE', z, rid) then
-    redis.call('ZADD', z, 'XX', now + lease_ms, rid)
-    if redis.call('PTTL', z) < lease_ms + 1000 then redis.call('PEXPIRE', z, lease_ms + 1000) end
-    extended = 1
-  end
+  if not redis.call('ZSCORE', z, rid) then result = 2 end
+  redis.call('ZADD', z, now + lease_ms, rid)
+  if redis.call('PTTL', z) < lease_ms + 1000 then redis.call('PEXPIRE', z, lease_ms + 1000) end
 end
-return extended
+return result
 """
 
 # ARGV: 1 prefix, 2 reservation id, 3 prompt, 4 completion, 5 cached, 6 error (0|1), 7 settled ttl ms.

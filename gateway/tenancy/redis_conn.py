@@ -24,6 +24,14 @@ from gateway.tenancy.errors import TenancyUnavailable
 UNREACHABLE = (RedisConnectionError, RedisTimeoutError, ConnectionError, TimeoutError, OSError)
 
 
+def redact_url(url: str) -> str:
+    """The URL with any user and password replaced by *** (for logs, prints and error messages)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or "@" not in rest:
+        return url
+    return f"{scheme}://***@{rest.rpartition('@')[2]}"
+
+
 def connect(url: str, *, timeout_s: float = 1.0, max_connections: int = 64,
             pool_wait_s: float = 5.0) -> aioredis.Redis:
     """An async client with text replies and fail-fast timeouts (no network I/O happens here).

@@ -30,8 +30,8 @@ from typing import Any, cast
 
 import hiredis
 import redis.asyncio as aioredis
+from redis.exceptions import BusyLoadingError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
 
 
 @dataclass(frozen=True)
@@ -127,6 +127,8 @@ class ScriptChannel:
         protocol = await self._connected()
         reply = await self._await(protocol, protocol.send(args))
         if isinstance(reply, ResponseError):
+            if str(reply).startswith("LOADING"):  # a restarted Redis still reading its file: unreachable for now
+                raise BusyLoadingError(str(reply))
             raise reply
         return reply
 

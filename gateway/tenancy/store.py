@@ -72,7 +72,7 @@ local k = redis.call('HMGET', ARGV[1] .. ':key:' .. kid, 'status', 'tenant_id', 
 if not k[3] then return false end
 local t = redis.call('HMGET', ARGV[1] .. ':tenant:' .. k[3], 'id', 'name', 'tier', 'status', 'cache_salt')
 if not t[1] then return false end
-return {kid, k[1], k[2], t[1], t[2], t[3], t[4], t[5]}
+return {kid, k[1], k[2], t[1], t[2], t[3], t[4], t[5] or ''}
 """
 
 _DELETE_TENANT = """
@@ -145,13 +145,16 @@ class KeyInfo:
 def auth_context(key_id: str, tenant_id: str, tenant: str, tier_name: str, cache_salt: str) -> AuthContext:
     """The context of an authenticated key (an unknown tier name gets the default tier)."""
     tier = TIERS.get(tier_name, TIERS[DEFAULT_TIER])
+    # A record without a salt (written before salts existed, or edited by hand) must not share the
+    # unsalted prefix cache with every other such tenant: its unique id salts it instead.
+    salt = cache_salt or f"tenant-id:{tenant_id}"
     return AuthContext(tenant_id=tenant_id, tenant=tenant, key_id=key_id, tier=tier.name,
-                       priority=tier.priority, weight=tier.weight, cache_salt=cache_salt)
+                       priority=tier.priority, weight=tier.weight, cache_salt=salt)
 
 
 def _tenant(raw: dict[str, str]) -> Tenant:
     return Tenant(id=raw["id"], name=raw["name"], tier=raw["tier"], status=raw["status"],
-                  created_at=float(raw["created_at"]), cache_salt=raw["cache_salt"])
+                  created_at=float(raw["created_at"]), cache_salt=raw.get("cache_salt", ""))
 
 
 def _key(raw: dict[str, str]) -> KeyInfo:

@@ -23,6 +23,7 @@ BENCHMARKS = {
     "sampler": "ops.bench.sampler",
     "serve": "ops.bench.serve",
     "memory": "ops.bench.memory",
+    "soak": "ops.bench.soak",
 }
 
 

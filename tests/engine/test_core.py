@@ -117,6 +117,16 @@ def test_bad_requests_are_rejected_with_a_typed_error(tiny_model: Path) -> None:
         llm.core.add_request(Request("long", [5] * 64, SamplingParams(), arrival_time=0.0))
     with pytest.raises(ValueError):
         llm.generate([[5, 6]], [SamplingParams(), SamplingParams()])
+    vocab = llm.core.model_info.vocab_size
+    # Ids that would index past the logits (the sampler masks stop ids while min_tokens holds).
+    for field, req in [
+        ("prompt", Request("oov", [5, vocab], SamplingParams(), arrival_time=0.0)),
+        ("stop_token_ids", Request("stop", [5], SamplingParams(stop_token_ids=(vocab,), min_tokens=1),
+                                   arrival_time=0.0)),
+    ]:
+        with pytest.raises(RequestRejected, match="outside the vocabulary") as caught:
+            llm.core.add_request(req)
+        assert caught.value.param == field
     assert not llm.core.has_unfinished()
 
 

@@ -40,6 +40,8 @@ class GatewayHarness:
     """A working API key of tenant `tenant`."""
     revoked_key: str
     tenant: str
+    prefix: str = ""
+    """The Redis prefix of this gateway's tenancy data."""
 
     def post(self, path: str, body: dict[str, Any], key: str | None = None, **kw: Any) -> Any:
         headers = {"Authorization": f"Bearer {key or self.key}"}
@@ -75,7 +77,7 @@ def make_gateway(tokenizer: Any, redis_url: str) -> Iterator[Callable[..., Gatew
 
         keys = asyncio.run(_make_keys(redis_url, prefix))
         client = stack.enter_context(TestClient(create_app(config, services)))
-        return GatewayHarness(client, engine, keys[0], keys[1], "acme")
+        return GatewayHarness(client, engine, keys[0], keys[1], "acme", prefix)
 
     yield build
     stack.close()

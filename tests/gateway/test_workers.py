@@ -33,7 +33,7 @@ async def engine_gateways(address: str) -> int:
 
 def test_two_workers_each_connect_to_the_engine(redis_url: str) -> None:
     info = EngineInfo("smollm2", max_model_len=128, block_size=16, eos_token_id=2, num_blocks=64, vocab_size=49152)
-    engine = EngineServer(FakeCore(), info, ServerConfig(listen=f"tcp://127.0.0.1:{free_port()}",
+    engine = EngineServer(FakeCore(info=info), info, ServerConfig(listen=f"tcp://127.0.0.1:{free_port()}",
                                                         shutdown_grace_s=0.1, close_linger_ms=100))
     thread = threading.Thread(target=engine.serve, daemon=True)
     thread.start()

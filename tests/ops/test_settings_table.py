@@ -31,6 +31,7 @@ def test_every_gateway_config_field_is_reachable_from_the_environment() -> None:
         "PAGESERVE_TLS_KEYFILE": "/k.pem", "PROMETHEUS_MULTIPROC_DIR": "/run/m", "PAGESERVE_LOG_LEVEL": "debug",
         "PAGESERVE_LOG_FORMAT": "json", "PAGESERVE_GATEWAY_WORKERS": "4",
         "PAGESERVE_BODY_TIMEOUT": "12", "PAGESERVE_DISCOVER_ENGINES": "1",
+        "PAGESERVE_REDIS_DOWN_FAIL_OPEN": "acme", "PAGESERVE_ENGINE_CURVE_DIR": "/etc/pageserve/curve",
     }
     config = parse_args([], env)
     default = GatewayConfig()

@@ -36,7 +36,7 @@ from shared.sampling import SamplingParams
 
 SAMPLES: dict[str, Message] = {
     "Hello": Hello(1, "gw-1"),
-    "Ready": Ready(1, "smollm2", 8192, 16, 2, 1000),
+    "Ready": Ready(1, "smollm2", 8192, 16, 2, 1000, 49152),
     "AddRequest": AddRequest(
         "req-1", [1, 2, 300], SamplingParams(temperature=0.0, max_tokens=8, stop_token_ids=(2,)),
         priority=-1, tenant_id="acme", arrival_time=1700000000.25, weight=2.0, cache_salt="s",
@@ -45,7 +45,7 @@ SAMPLES: dict[str, Message] = {
     "StepOutputs": StepOutputs(
         [TokenDelta("req-1", 0, [42, 70000], 3, 2, 0)], [Finished("req-1", 0, "length", Usage(3, 2, 0))], 9
     ),
-    "Error": Error("req-1", "request", "prompt too long"),
+    "Error": Error("req-1", "request", "token id 5 bad", code="request_rejected", param="prompt"),
     "GetStats": GetStats(),
     "Stats": Stats(1, 2, 3, 90, 100, 4, 5, 6, 7, 8, 2.5, 1, 0.5, 1.5, 10, 20, 30, 12, 2, 1, 50, 60, 1700000000.5,
                    [PriorityLoad(0, 1, 2)], [TenantLoad("t_1", 3, 40)]),
@@ -55,7 +55,7 @@ SAMPLES: dict[str, Message] = {
 # Frozen: a change here breaks every deployed peer. Append fields instead (with defaults).
 GOLDEN_HEX = {
     "Hello": "930101a467772d31",
-    "Ready": "990201a7736d6f6c6c6d32cd20001002cd03e80090",
+    "Ready": "990201a7736d6f6c6c6d32cd20001002cd03e8cdc00090",
     "AddRequest": (
         "9903a57265712d31930102cd012c89a16e01ab74656d7065726174757265cb0000000000000000a5746f705f70"
         "cb3ff0000000000000a5746f705f6b00a473656564c0aa6d61785f746f6b656e7308aa6d696e5f746f6b656e73"
@@ -64,7 +64,10 @@ GOLDEN_HEX = {
     ),
     "Abort": "920492a161a162",
     "StepOutputs": "94059197a57265712d3100922ace00011170030200909194a57265712d3100a66c656e6774689303020009",
-    "Error": "9506a57265712d31a772657175657374af70726f6d707420746f6f206c6f6e67a0",
+    "Error": (
+        "9606a57265712d31a772657175657374ae746f6b656e206964203520626164b0726571756573745f72656a6563746564"
+        "a670726f6d7074"
+    ),
     "GetStats": "9107",
     "Stats": (
         "dc001a080102035a640405060708cb400400000000000001cb3fe0000000000000cb3ff80000000000000a141e0c0201323c"
@@ -77,7 +80,10 @@ GOLDEN_HEX = {
 # to the message with the appended fields at their defaults.
 _STATS_V1 = Stats(1, 2, 3, 90, 100, 4, 5, 6, 7, 8, 2.5, 1)
 OLDER_PEER_HEX = {
-    "Error": ("9406a57265712d31a772657175657374af70726f6d707420746f6f206c6f6e67", SAMPLES["Error"]),  # before code
+    "Error": ("9406a57265712d31a772657175657374af70726f6d707420746f6f206c6f6e67",  # before code
+              Error("req-1", "request", "prompt too long")),
+    "Error.param": ("9506a57265712d31a772657175657374af70726f6d707420746f6f206c6f6e67a0",  # before param
+                    Error("req-1", "request", "prompt too long")),
     # before step_seconds, loop_seconds
     "Stats": ("9d080102035a640405060708cb400400000000000001", _STATS_V1),
     # before the token, prefix-cache, swap and start-time fields (the metrics of issue 12)
@@ -89,7 +95,9 @@ OLDER_PEER_HEX = {
         "cb41d954fc40200000",
         Stats(1, 2, 3, 90, 100, 4, 5, 6, 7, 8, 2.5, 1, 0.5, 1.5, 10, 20, 30, 12, 2, 1, 50, 60, 1700000000.5)),
     # before vocab_size, default_sampling
-    "Ready": ("970201a7736d6f6c6c6d32cd20001002cd03e8", SAMPLES["Ready"]),
+    "Ready": ("970201a7736d6f6c6c6d32cd20001002cd03e8", Ready(1, "smollm2", 8192, 16, 2, 1000)),
+    "Ready.default_sampling": ("980201a7736d6f6c6c6d32cd20001002cd03e8cdc000",  # before default_sampling
+                               Ready(1, "smollm2", 8192, 16, 2, 1000, 49152)),
     # its TokenDelta before logprobs
     "StepOutputs": (
         "94059196a57265712d3100922ace000111700302009194a57265712d3100a66c656e6774689303020009", SAMPLES["StepOutputs"]),

@@ -15,16 +15,21 @@ from dataclasses import dataclass
 
 from engine.outputs import RequestDelta
 from engine.request import Request
+from engine.scheduling.config import SchedulerConfig
+from engine.scheduling.request_checks import validate_request
 from engine.serving.server import EngineInfo, EngineServer, ServerConfig
 from engine.serving.synthetic_core import SyntheticCore
+from engine.step_failures import RequestsFailed
 
 
 class FakeCore(SyntheticCore):
-    """SyntheticCore (tokens 100, 101, ...) plus what tests steer: a step gate, an injected failure,
-    the aborted ids, and a refusal of huge max_tokens."""
+    """SyntheticCore (tokens 100, 101, ...) plus what tests steer: the real core's admission checks,
+    a step gate, an injected failure, the aborted ids, and a refusal of huge max_tokens."""
 
-    def __init__(self, num_blocks: int = 64, block_size: int = 4) -> None:
+    def __init__(self, num_blocks: int = 64, block_size: int = 4, info: EngineInfo | None = None) -> None:
         super().__init__(range(100, 10_100), num_blocks, block_size)
+        self.info = info or INFO
+        """The model facts requests are checked against (the real core's admission checks)."""
         self.aborted: list[str] = []
         self.fail_next_step: Exception | None = None
         self.step_gate = threading.Event()
@@ -34,6 +39,9 @@ class FakeCore(SyntheticCore):
         """Set each time a step starts (before it waits on step_gate)."""
 
     def add_request(self, request: Request) -> None:
+        # The real core's admission checks, against the model facts it serves.
+        config = SchedulerConfig(max_model_len=self.info.max_model_len)
+        validate_request(request, config, lambda n: -(-n // self.block_size), 10**6, self.info.vocab_size)
         if request.sampling.max_tokens > 10_000:
             raise ValueError("max_tokens too large for the fake core")
         super().add_request(request)
@@ -47,6 +55,11 @@ class FakeCore(SyntheticCore):
         self.entered_step.set()
         self.step_gate.wait(5.0)
         time.sleep(0.001)  # a step takes time: tests can act while a request is in flight
+        if isinstance(self.fail_next_step, RequestsFailed):  # like the real core: those requests are gone
+            failure, self.fail_next_step = self.fail_next_step, None
+            for rid in failure.request_ids:
+                self.requests.pop(rid, None)
+            raise failure
         if self.fail_next_step is not None:
             raise self.fail_next_step
         return super().step()
@@ -69,10 +82,10 @@ class Running:
         return self.exit_code[0]
 
 
-def start_server(grace_s: float = 0.2, listen: str = "tcp://127.0.0.1:*") -> Running:
+def start_server(grace_s: float = 0.2, listen: str = "tcp://127.0.0.1:*", deadline_s: float | None = None) -> Running:
     core = FakeCore()
     server = EngineServer(core, INFO, ServerConfig(listen=listen, shutdown_grace_s=grace_s,
-                                                   close_linger_ms=500))
+                                                   close_linger_ms=500, request_deadline_s=deadline_s))
     exit_code: list[int] = []
     thread = threading.Thread(target=lambda: exit_code.append(server.serve()), daemon=True)
     thread.start()

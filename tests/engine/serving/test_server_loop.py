@@ -14,8 +14,11 @@ from pathlib import Path
 import pytest
 import zmq
 
+from engine.step_failures import RequestsFailed
 from shared.protocol import (
+    DEADLINE_EXCEEDED,
     PROTOCOL_VERSION,
+    REQUEST_FAILED,
     SHUTTING_DOWN,
     Abort,
     AddRequest,
@@ -166,9 +169,13 @@ def test_n_samples_finish_separately(engine: Running, ctx: zmq.Context) -> None:
     ("request_", "problem"),
     [
         (add("empty", prompt=[]), "the prompt is empty"),
-        (add("long", prompt=[1] * 64), "the prompt has 64 tokens; the model's context is 64 tokens"),
-        (add("vocab", prompt=[1, 1000]), r"prompt token ids must be in [0, 1000)"),
-        (add("neg", prompt=[-1]), r"prompt token ids must be in [0, 1000)"),
+        (add("long", prompt=[1] * 64), "the prompt has 64 tokens; the context is 64"),
+        (add("vocab", prompt=[1, 1000]), "token id 1000 in prompt is outside the vocabulary [0, 1000)"),
+        (add("neg", prompt=[-1]), "token id -1 in prompt is outside the vocabulary [0, 1000)"),
+        (AddRequest("stop-vocab", [1], SamplingParams(stop_token_ids=(5, 1000), min_tokens=1)),
+         "token id 1000 in stop_token_ids is outside the vocabulary"),
+        (AddRequest("prio", [1], SamplingParams(), priority=2**63), "priority must fit"),
+        (AddRequest("nan-arrival", [1], SamplingParams(), arrival_time=float("nan")), "arrival_time must be a finite number"),
         (add("huge", max_tokens=20_000), "max_tokens too large for the fake core"),  # the core's ValueError
         (AddRequest("nan-weight", [1], SamplingParams(), weight=float("nan")), "weight must be a positive finite"),
         (AddRequest("inf-weight", [1], SamplingParams(), weight=float("inf")), "weight must be a positive finite"),
@@ -275,6 +282,47 @@ def test_a_fatal_core_error_is_told_to_every_gateway_and_exits_1(ctx: zmq.Contex
         assert err.message == "engine failed: RuntimeError: CUDA fell over"
     running.thread.join(5.0)
     assert running.exit_code == [1]
+
+
+def test_a_failed_step_fails_its_requests_only_and_the_engine_serves_on(engine: Running, ctx: zmq.Context) -> None:
+    gw, other = RawGateway(ctx, engine.server.address), RawGateway(ctx, engine.server.address)
+    engine.core.step_gate.clear()
+    gw.send(add("doomed", max_tokens=50))
+    other.send(add("fine", max_tokens=3))
+    assert engine.core.entered_step.wait(5.0)
+    time.sleep(0.05)
+    engine.core.fail_next_step = RequestsFailed(["doomed"], "the step failed: IndexError: boom")
+    engine.core.step_gate.set()
+    msg = gw.recv()
+    while isinstance(msg, StepOutputs):
+        msg = gw.recv()
+    assert isinstance(msg, Error) and (msg.request_id, msg.kind, msg.code) == ("doomed", "request", REQUEST_FAILED)
+    assert other.recv_until_finished({"fine"})[-1].finished[0].reason == "length"
+    gw.send(add("next", max_tokens=1))
+    assert gw.recv_until_finished({"next"})
+    assert gw.stats().num_running == 0 and engine.thread.is_alive()
+
+
+def test_a_request_past_its_deadline_is_aborted_and_its_gateway_told(ctx: zmq.Context) -> None:
+    running = start_server(deadline_s=0.3)
+    try:
+        gw = RawGateway(ctx, running.server.address)
+        gw.send(add("slow", max_tokens=9000))
+        gw.send(add("quick", max_tokens=2))
+        started = time.monotonic()
+        seen: dict[str, object] = {}
+        while "slow" not in seen:
+            msg = gw.recv()
+            if isinstance(msg, Error):
+                seen[msg.request_id or ""] = msg
+            else:
+                seen.update({f.request_id: f for f in msg.finished})  # type: ignore[union-attr]
+        err = seen["slow"]
+        assert isinstance(err, Error) and (err.kind, err.code) == ("request", DEADLINE_EXCEEDED)
+        assert 0.3 <= time.monotonic() - started < 2.0 and "quick" in seen
+        assert running.core.aborted == ["slow"] and gw.stats().num_running == 0
+    finally:
+        running.stop()
 
 
 def test_requests_of_a_vanished_gateway_are_aborted(engine: Running, ctx: zmq.Context) -> None:

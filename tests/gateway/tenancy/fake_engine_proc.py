@@ -18,7 +18,7 @@ from tests.engine.serving.fake_core import FakeCore
 def main(listen: str) -> int:
     info = EngineInfo("smollm2", max_model_len=2048, block_size=16, eos_token_id=2, num_blocks=4096,
                       vocab_size=49152)
-    server = EngineServer(FakeCore(num_blocks=4096, block_size=16), info,
+    server = EngineServer(FakeCore(num_blocks=4096, block_size=16, info=info), info,
                           ServerConfig(listen=listen, shutdown_grace_s=0.2, close_linger_ms=200))
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: server.request_stop())

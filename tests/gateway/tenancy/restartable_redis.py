@@ -27,12 +27,15 @@ class RestartableRedis:
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 10
         while True:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return
+            try:  # PONG, not only an open port: a restart answers LOADING while it reads its file
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as conn:
+                    conn.sendall(b"PING\r\n")
+                    if conn.recv(64).startswith(b"+PONG"):
+                        return
             except OSError:
-                assert self.proc.poll() is None and time.monotonic() < deadline, "redis-server did not start"
-                time.sleep(0.05)
+                pass
+            assert self.proc.poll() is None and time.monotonic() < deadline, "redis-server did not start"
+            time.sleep(0.05)
 
     def stop(self) -> None:
         if self.proc is not None:

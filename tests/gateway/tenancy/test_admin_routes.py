@@ -84,6 +84,17 @@ async def test_a_missing_or_wrong_admin_token_is_401(store: TenantStore, auth_he
     assert await store.list_tenants() == []
 
 
+async def test_a_tenant_api_key_is_not_an_admin_token(store: TenantStore):
+    await store.create_tenant("tenant-a")
+    key, _ = await store.create_key("tenant-a")
+    transport = httpx.ASGITransport(app=app_for(store))
+    async with httpx.AsyncClient(transport=transport, base_url="http://gw",
+                                 headers={"Authorization": f"Bearer {key}"}) as c:
+        for r in [await c.get("/admin/usage", params={"tenant": "tenant-a"}), await c.get("/admin/tenants"),
+                  await c.post("/admin/tenants/tenant-a/keys", json={})]:
+            assert r.status_code == 401 and key not in r.text
+
+
 async def test_without_a_configured_token_the_admin_api_does_not_exist(store: TenantStore):
     transport = httpx.ASGITransport(app=app_for(store, token=None))
     async with httpx.AsyncClient(transport=transport, base_url="http://gw",

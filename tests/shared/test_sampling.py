@@ -1,0 +1,39 @@
+"""shared/sampling.py: what the wire and the sampler can hold is refused where the params are built."""
+
+from __future__ import annotations
+
+import pytest
+
+from shared.sampling import MAX_STOP_TOKEN_IDS, SamplingError, SamplingParams
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"seed": 2**64}, "seed"),
+        ({"seed": -(2**63) - 1}, "seed"),
+        ({"top_k": 2**64}, "top_k"),
+        ({"max_tokens": 2**63}, "max_tokens"),
+        ({"stop_token_ids": (-1,)}, "stop_token_ids"),
+        ({"stop_token_ids": (2**64,)}, "stop_token_ids"),
+        ({"stop_token_ids": tuple(range(MAX_STOP_TOKEN_IDS + 1))}, "stop_token_ids"),
+        ({"temperature": float("nan")}, "temperature"),
+        ({"top_p": float("inf")}, "top_p"),
+    ],
+)
+def test_values_beyond_the_wire_or_the_sampler_are_refused(fields: dict[str, object], param: str) -> None:
+    with pytest.raises(SamplingError) as caught:
+        SamplingParams(**fields)  # type: ignore[arg-type]
+    assert caught.value.param == param
+
+
+def test_the_int64_edges_are_accepted() -> None:
+    SamplingParams(seed=2**63 - 1, top_k=2**63 - 1, max_tokens=2**63 - 1, stop_token_ids=(0, 2**40))
+    SamplingParams(seed=-(2**63))
+    SamplingParams(seed=2**64 - 1)  # the unsigned range too: msgpack and torch's manual_seed hold it
+
+
+def test_a_vanishing_temperature_samples_greedily() -> None:
+    # logits / 1e-300 overflow to inf and the softmax to NaN: such a temperature means greedy.
+    assert SamplingParams(temperature=1e-300).greedy
+    assert SamplingParams(temperature=0.0).greedy and not SamplingParams(temperature=0.01).greedy
