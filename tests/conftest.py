@@ -1,10 +1,16 @@
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
 
 from tests.support.redis_server import redis_server
+
+# Triton reads TRITON_INTERPRET when a kernel is decorated (module import): set it before any test module
+# imports a kernel, so every kernel in this session is interpreted (tests/kernels/conftest.py explains;
+# an explicit TRITON_INTERPRET=0 for the gpu tests is kept).
+os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

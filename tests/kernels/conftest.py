@@ -19,6 +19,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 
 _KERNEL_MODULES = (
     "pageserve_kernels.checks",
+    "pageserve_kernels.bf16",
     "pageserve_kernels.merge_splits",
     "pageserve_kernels.paged_attention",
     "pageserve_kernels.write_kv",
@@ -34,7 +35,8 @@ def _reload_compiled_kernels() -> None:
         module = sys.modules.get(name)
         if module is None:
             continue
-        jitted = [v for k, v in vars(module).items() if k.startswith("_") and k.endswith("_kernel")]
+        # every @triton.jit function, helpers too (bf16's store_cast, paged attention's tile loop)
+        jitted = [v for v in vars(module).values() if type(v).__name__ in ("JITFunction", "InterpretedFunction")]
         stale = stale or any(not isinstance(k, InterpretedFunction) for k in jitted)
         if stale:  # dependants hold references to their imports: reload in dependency order
             importlib.reload(module)
