@@ -345,7 +345,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pageserve engine", description="Run the engine process.")
     p.add_argument("--model", default="smollm2", help="short name or local Hugging Face folder")
     p.add_argument("--listen", default="tcp://127.0.0.1:5555", help="tcp://HOST:PORT or ipc:///PATH")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="auto: bfloat16 on a GPU or a CPU with AVX512-BF16/AMX, else float32")
     p.add_argument("--max-model-len", type=int, default=None, help="default: the smaller of the model's context and 2048 (SchedulerConfig.max_model_len)")
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     p.add_argument("--kv-cache-memory", type=float, default=2.0, help="GiB for the device KV pool")
