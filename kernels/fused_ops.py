@@ -1,4 +1,5 @@
-"""The layers' elementwise ops: the C kernels (kernels/cpu_fused.py) where they apply, else PyTorch.
+"""The layers' elementwise ops: the C kernels (kernels/cpu_fused.py, float32; kernels/cpu_fused_bf16.py,
+bfloat16) where they apply, else PyTorch.
 
 Each op has its PyTorch reference here (`*_reference`): the fallback for other
 dtypes and devices, without a compiler or with PAGESERVE_NATIVE_KERNELS=0, and
@@ -15,8 +16,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels import cpu_fused
+from kernels import cpu_fused, cpu_fused_bf16
 from kernels.cpu_fused import NativeFused
+from kernels.cpu_fused_bf16 import NativeFusedBf16
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:  # (T, H) -> (T, H)
@@ -56,7 +58,7 @@ def rotate_qk(qk: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> 
 def argmax_rows(x: torch.Tensor) -> torch.Tensor:  # (N, V) -> (N,) int64
     """Each row's first index of its maximum (NaN counts as the maximum), as torch.argmax(-1)."""
     native = _native(x)
-    if native is None or x.dim() != 2 or x.stride(1) != 1 or x.shape[1] == 0:
+    if not isinstance(native, NativeFused) or x.dim() != 2 or x.stride(1) != 1 or x.shape[1] == 0:
         return x.argmax(-1)
     return native.argmax(x)
 
@@ -89,8 +91,12 @@ def rotary_reference(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tenso
     return x * cos + swapped * sin_signed
 
 
-def _native(x: torch.Tensor) -> NativeFused | None:
-    """The C kernels when they cover this tensor (float32 on the CPU, 2-D/3-D) and built here."""
-    if x.dtype != torch.float32 or not x.is_cpu:  # is_cpu: 3x cheaper than device.type, ~120 calls a step
+def _native(x: torch.Tensor) -> NativeFused | NativeFusedBf16 | None:
+    """The C kernels when they cover this tensor (float32 or bfloat16 on the CPU) and built here."""
+    if not x.is_cpu:  # is_cpu: 3x cheaper than device.type, ~120 calls a step
         return None
-    return cpu_fused.load()
+    if x.dtype == torch.float32:
+        return cpu_fused.load()
+    if x.dtype == torch.bfloat16:
+        return cpu_fused_bf16.load()
+    return None
