@@ -341,6 +341,11 @@ class EngineServer:
 # --------------------------------------------------------------------------- process entry
 
 
+# Serving default of --max-prefill-while-decoding: a prompt step of 256 tokens costs a few
+# decode steps on 2 cores (the full 2,048-token budget stalled every stream for ~1 s).
+SERVING_PREFILL_BUDGET = 256
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pageserve engine", description="Run the engine process.")
     p.add_argument("--model", default="smollm2", help="short name or local Hugging Face folder")
@@ -354,6 +359,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-blocks", type=int, default=None, help="force the device block count")
     p.add_argument("--max-num-seqs", type=int, default=64, help="most requests running at once")
     p.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget per step")
+    p.add_argument("--max-prefill-while-decoding", type=int, default=SERVING_PREFILL_BUDGET,
+                   help="prompt tokens a step may compute while streams are generating: bounds the stall a "
+                        "new prompt causes them (0: only the step budget)")
     p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--policy", default="priority", choices=["priority", "fcfs"],
                    help="admission order: (aged) priority then fair share, or arrival only")
