@@ -36,7 +36,7 @@ FORCE_ENV = "PAGESERVE_KERNEL_CHOICE"
 MIN_ROUNDS = 3
 MAX_ROUNDS = 200
 BUDGET_S = 0.1  # per choice: keeps a first start's tuning to seconds
-WALL_CAP_S = 3.0
+WALL_CAP_S = 1.0  # a busy host gives noisier picks, not a slower start
 
 
 class ChoiceError(ValueError):

@@ -84,5 +84,5 @@ def _threads() -> int:
 @functools.cache
 def load() -> NativeFusedBf16 | None:
     """The compiled kernels, or None when disabled or no C compiler works here."""
-    lib = native_build.try_load_kernel("fused_bf16", native_build.EXACT_FLAGS)
+    lib = native_build.try_load_kernel("fused_bf16", (*native_build.EXACT_FLAGS, "-mprefer-vector-width=512"))
     return None if lib is None else NativeFusedBf16(lib)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import cpu_fused_bf16, fused_ops
+from kernels import choice, cpu_fused_bf16, fused_choice, fused_ops
 from kernels.fused_ops import (
     fused_add_rms_norm_reference,
     rms_norm_reference,
@@ -84,11 +84,30 @@ def test_rotary_in_place_on_a_slice_of_qkv(native: cpu_fused_bf16.NativeFusedBf1
     assert torch.equal(qkv[:, heads * hd:], untouched)
 
 
-def test_fused_ops_route_bfloat16_to_these_kernels(native: cpu_fused_bf16.NativeFusedBf16,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("pick", ["c", "torch"])
+def test_fused_ops_route_bfloat16_as_chosen(native: cpu_fused_bf16.NativeFusedBf16, pick: str,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fused_choice, "_PICKS", {})
+    monkeypatch.setenv(choice.FORCE_ENV, f"fused_rms_norm={pick},fused_silu_and_mul={pick}")
     calls: list[str] = []
-    monkeypatch.setattr(cpu_fused_bf16, "load", lambda: calls.append("bf16") or native)
+    for name in ("rms_norm", "silu_and_mul"):
+        real = getattr(native, name)
+        monkeypatch.setattr(native, name, lambda *a, real=real, name=name: calls.append(name) or real(*a))
     x, w = _randn(4, 64, seed=9), _randn(64, seed=10)
-    fused_ops.rms_norm(x, w, 1e-5)
-    fused_ops.silu_and_mul(_randn(4, 64, seed=11))
-    assert calls == ["bf16", "bf16"]
+    assert_matches(fused_ops.rms_norm(x, w, 1e-5), rms_norm_reference(x, w, 1e-5), exact=False)
+    gate_up = _randn(4, 64, seed=11)
+    assert_matches(fused_ops.silu_and_mul(gate_up), silu_and_mul_reference(gate_up), exact=False)
+    assert calls == (["rms_norm", "silu_and_mul"] if pick == "c" else [])
+
+
+def test_the_faster_implementation_is_measured_once_per_op_and_width(native: cpu_fused_bf16.NativeFusedBf16,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fused_choice, "_PICKS", {})
+    monkeypatch.delenv(choice.FORCE_ENV, raising=False)
+    keys: list[str] = []
+    monkeypatch.setattr(choice, "choose", lambda kind, key, names, timers: keys.append(key) or choice.Choice(
+        "torch" if sorted(timers()) == ["c", "torch"] else "?"))
+    for rows in (1, 7):
+        fused_ops.silu_and_mul(_randn(rows, 64, seed=12))
+    fused_ops.silu_and_mul(_randn(3, 96, seed=13))
+    assert keys == ["bfloat16 width=[64] rows=64", "bfloat16 width=[96] rows=64"]
