@@ -8,8 +8,10 @@ cached on disk (`<cache>/choices/<host>.json`), keyed by the host (CPU model and
 flags, torch version, thread count) and the caller's own key (op, dtype, shape,
 rows), so later starts pay nothing. Every pick is logged with its measured times.
 
-PAGESERVE_KERNEL_CHOICE="linear=onednn,decode_attention=torch" forces a choice per
+PAGESERVE_KERNEL_CHOICE="linear=onednn,fused_rms_norm=torch" forces a choice per
 op kind (a name the op does not offer is an error, not a silent fallback).
+PAGESERVE_KERNEL_RETUNE=1 measures again and overwrites what is cached (after timings
+taken on a busy host, whose picks are noise).
 This module knows nothing about which ops exist.
 """
 
@@ -33,6 +35,7 @@ from kernels.cpu_features import cpu_flags_line
 log = logging.getLogger("pageserve.kernels")
 
 FORCE_ENV = "PAGESERVE_KERNEL_CHOICE"
+RETUNE_ENV = "PAGESERVE_KERNEL_RETUNE"
 MIN_ROUNDS = 3
 MAX_ROUNDS = 200
 BUDGET_S = 0.1  # per choice: keeps a first start's tuning to seconds
@@ -120,7 +123,7 @@ def choose(kind: str, key: str, names: Sequence[str], timers: Callable[[], Timer
         return Choice(names[0], how="only")
     full_key = f"{kind}|{key}"
     store = _load()
-    cached = store.get(full_key)
+    cached = None if os.environ.get(RETUNE_ENV) == "1" else store.get(full_key)
     if cached is not None and cached.get("pick") in names and set(cached.get("seconds", {})) == set(names):
         return Choice(str(cached["pick"]), dict(cached["seconds"]), "cached")
     seconds = measure_fn(timers())

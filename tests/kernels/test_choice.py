@@ -15,6 +15,7 @@ from kernels import choice
 def _own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(choice, "_path", lambda: tmp_path / "choices.json")  # the compiled kernels stay cached
     monkeypatch.delenv(choice.FORCE_ENV, raising=False)
+    monkeypatch.delenv(choice.RETUNE_ENV, raising=False)
 
 
 def sleeper(seconds: float):
@@ -71,3 +72,12 @@ def test_the_host_key_changes_with_cpu_flags_torch_version_and_threads(monkeypat
     threads = choice.host_key()
     monkeypatch.setattr(choice, "cpu_model", lambda: "Another CPU")
     assert len({base, flags, version, threads, choice.host_key()}) == 5
+
+
+def test_retune_measures_again_and_replaces_the_cached_pick(monkeypatch: pytest.MonkeyPatch) -> None:
+    choice.choose("op", "k", ["slow", "fast"], fakes)
+    monkeypatch.setenv(choice.RETUNE_ENV, "1")
+    swapped = {"slow": sleeper(0.0), "fast": sleeper(0.004)}  # the host changed its mind
+    assert choice.choose("op", "k", ["slow", "fast"], lambda: swapped).pick == "slow"
+    monkeypatch.delenv(choice.RETUNE_ENV)
+    assert choice.choose("op", "k", ["slow", "fast"], lambda: pytest.fail("cached")).pick == "slow"
