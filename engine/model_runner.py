@@ -23,13 +23,13 @@ from engine.sampler import Sampler
 from kernels.cpu_attention import native_decode_available
 
 
-def make_attention(choice: str, device: torch.device) -> tuple[PagedAttentionOp, bool]:
-    """(attention op, whether it wants the CPU plan) for a backend choice."""
+def make_attention(choice: str, device: torch.device, kv_dtype: torch.dtype) -> PagedAttentionOp:
+    """The attention op of a backend choice; it plans its own step metadata."""
     if choice == "torch" or (choice == "auto" and device.type != "cuda"):
-        return TorchPagedAttention(), True
+        return TorchPagedAttention(native_decode_available(kv_dtype, device))
     from kernels.dispatch import select_backend  # Triton modules load only when chosen
 
-    return KernelPagedAttention(select_backend(choice, device)), False
+    return KernelPagedAttention(select_backend(choice, device))
 
 
 class ModelRunner:
@@ -41,8 +41,7 @@ class ModelRunner:
         self.sampler = sampler
         self.device = kv_cache.device_pool.device
         self.block_size = kv_cache.layout.block_size
-        self.attention, self._plan = make_attention(attention_backend, self.device)
-        self._native = self._plan and native_decode_available(kv_cache.layout.dtype, self.device)
+        self.attention = make_attention(attention_backend, self.device, kv_cache.layout.dtype)
 
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
         self.sampler.forget(out.finished_request_ids)
@@ -50,9 +49,7 @@ class ModelRunner:
         if not out.chunks:
             return RunnerOutput({})
         with torch.inference_mode():
-            inputs = build_step_inputs(
-                order_chunks(out.chunks), self.block_size, self.device, self._plan, self._native
-            )
+            inputs = build_step_inputs(order_chunks(out.chunks), self.block_size, self.device, self.attention)
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv_cache.layers, inputs.meta, self.attention)
             if not inputs.sampled:
                 return RunnerOutput({})
