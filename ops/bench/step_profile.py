@@ -37,7 +37,8 @@ CATEGORIES: list[tuple[str, Rule]] = [
      or f.endswith("kernels/cpu_prefill.py")),
     ("KV cache writes", lambda f, n: f == "~" and "index_copy" in n or n == "store_kv"),
     ("sampling", lambda f, n: f.endswith(("engine/sampler.py", "engine/sample_group.py")) or n == "argmax"),
-    ("norms, SiLU, rotary", lambda f, n: f.endswith(("kernels/cpu_fused.py", "kernels/fused_ops.py"))),
+    ("norms, SiLU, rotary", lambda f, n: f.endswith(("kernels/cpu_fused.py", "kernels/cpu_fused_bf16.py",
+                                                    "kernels/fused_ops.py"))),
     ("scheduler", lambda f, n: any(f.endswith(f"engine/{m}.py") for m in (
         "scheduler", "block_manager", "block_pool", "preemption", "step_builder", "stop_conditions", "fair_queue",
         "scheduler_counters", "request"))),
