@@ -19,8 +19,8 @@ from typing import Literal
 
 from engine.scheduling.config import SchedulerConfig
 
-DType = Literal["float32", "bfloat16", "float16"]
-DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
+DType = Literal["auto", "float32", "bfloat16", "float16"]
+DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16")
 BACKENDS: tuple[str, ...] = ("auto", "torch", "triton")
 
 GiB = 1 << 30
@@ -35,8 +35,9 @@ class ConfigError(ValueError):
 class ModelConfig:
     model: str = "smollm2"
     """Model spec for `shared.model_store.resolve_model`: a short name or a local HF folder."""
-    dtype: DType = "float32"
-    """Weights, activations and KV cache dtype."""
+    dtype: DType = "auto"
+    """Weights, activations and KV cache dtype; "auto" is decided at load (engine/worker/model_loader.py
+    `resolve_dtype`: bfloat16 on a GPU or a CPU with bfloat16 hardware, float32 elsewhere)."""
     max_model_len: int | None = None
     """Longest prompt + output; None takes the model's max_position_embeddings."""
     device: str = "cpu"

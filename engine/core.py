@@ -56,7 +56,7 @@ class EngineCore:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         loaded = load_model(config.model)
-        dtype = DTYPES[config.model.dtype]
+        dtype = DTYPES[loaded.dtype]
         layout = CacheLayout.from_budget(config.cache, loaded.shape, dtype)
         # The context is the smallest of the model's positions, the model flag, and the scheduler's.
         limit = config.model.max_model_len or config.scheduler.max_model_len
@@ -84,7 +84,7 @@ class EngineCore:
         self.model_info = ModelInfo(
             name=loaded.name,
             path=loaded.path,
-            dtype=config.model.dtype,
+            dtype=loaded.dtype,
             max_model_len=max_model_len,
             eos_token_id=loaded.eos_token_id,
             vocab_size=loaded.shape.vocab_size,

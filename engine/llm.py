@@ -61,7 +61,7 @@ class LLM:
     def __init__(
         self,
         model: str = "smollm2",
-        dtype: str = "float32",
+        dtype: str = "auto",
         *,
         max_model_len: int | None = None,
         block_size: int = 16,

@@ -20,7 +20,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="pageserve generate", description=__doc__)
     p.add_argument("prompt", nargs="+", help="one or more prompts (each answered separately)")
     p.add_argument("--model", default="smollm2", help="short name or local HF folder (default: smollm2)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-p", type=float, default=1.0)

@@ -37,6 +37,11 @@ def has_avx2_fma() -> bool:
     return {"avx2", "fma"} <= cpu_flags()
 
 
+def has_bf16_hardware() -> bool:
+    """AVX512-BF16 or AMX: bfloat16 products in hardware (unknown flags count as no)."""
+    return any(f in cpu_flags() for f in FAST_MATMUL_FLAGS[torch.bfloat16])
+
+
 def has_fast_matmul(dtype: torch.dtype) -> bool:
     """True for float32, and for a half type when this CPU has hardware for its products.
     Unknown (no /proc/cpuinfo) counts as fast: no warning on what we cannot see."""

@@ -19,7 +19,7 @@ context_len + t (its own K/V is already in the cache: the engine writes a step's
 K/V before attending). Results equal softmax(q K^T * scale) V up to float32
 rounding (summation order differs from PyTorch's).
 
-Compiled on first use (pageserve_kernels/native_build.py); without AVX2+FMA, a compiler,
+pageserve_kernels/csrc/prefill_attention.c, compiled on first use (pageserve_kernels/native_build.py); without AVX2+FMA, a compiler,
 or with PAGESERVE_NATIVE_KERNELS=0, `load()` returns None and chunks keep
 PyTorch's scaled_dot_product_attention.
 """
@@ -31,156 +31,11 @@ import functools
 
 import torch
 
-from pageserve_kernels import c_snippets, native_build
+from pageserve_kernels import native_build
 from pageserve_kernels.cpu_features import has_avx2_fma
 
 TILE_TOKENS = 16  # query tokens per task (mirrors the C define)
 
-SOURCE = r"""
-#include <immintrin.h>
-#include <math.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-
-#define ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5)
-#define TILE_TOKENS 16
-
-/* c[r, 0:16] (+)= a[r, 0:K] . b[0:K, 0:16] for r < MR; b rows ldb apart. */
-static inline __attribute__((always_inline)) void tile(
-    const int MR, const float *restrict a, int64_t lda, const float *restrict b, int64_t ldb, int64_t K,
-    float *restrict c, int64_t ldc, int accumulate) {
-#define DECL(r) __m256 c##r##0 = _mm256_setzero_ps(), c##r##1 = _mm256_setzero_ps();
-    ROWS(DECL)
-#define LOADC(r) if (MR > r) { c##r##0 = _mm256_loadu_ps(c + r * ldc); c##r##1 = _mm256_loadu_ps(c + r * ldc + 8); }
-    if (accumulate) { ROWS(LOADC) }
-    for (int64_t k = 0; k < K; k++) {
-        const __m256 b0 = _mm256_loadu_ps(b + k * ldb), b1 = _mm256_loadu_ps(b + k * ldb + 8);
-#define FMA(r) if (MR > r) { const __m256 x = _mm256_broadcast_ss(a + r * lda + k); \
-            c##r##0 = _mm256_fmadd_ps(x, b0, c##r##0); c##r##1 = _mm256_fmadd_ps(x, b1, c##r##1); }
-        ROWS(FMA)
-    }
-#define STORE(r) if (MR > r) { _mm256_storeu_ps(c + r * ldc, c##r##0); _mm256_storeu_ps(c + r * ldc + 8, c##r##1); }
-    ROWS(STORE)
-}
-
-/* All rows of a (rows x 16) product, six at a time. */
-static void product(int64_t rows, const float *a, int64_t lda, const float *b, int64_t ldb, int64_t K,
-                    float *c, int64_t ldc, int accumulate) {
-    for (int64_t r = 0; r < rows; r += 6, a += 6 * lda, c += 6 * ldc) {
-        switch (rows - r < 6 ? rows - r : 6) {
-        case 6: tile(6, a, lda, b, ldb, K, c, ldc, accumulate); break;
-        case 5: tile(5, a, lda, b, ldb, K, c, ldc, accumulate); break;
-        case 4: tile(4, a, lda, b, ldb, K, c, ldc, accumulate); break;
-        case 3: tile(3, a, lda, b, ldb, K, c, ldc, accumulate); break;
-        case 2: tile(2, a, lda, b, ldb, K, c, ldc, accumulate); break;
-        default: tile(1, a, lda, b, ldb, K, c, ldc, accumulate); break;
-        }
-    }
-}
-
-""" + c_snippets.EXP8_AVX2 + r"""
-/* One task: query tokens t0 .. t1-1 of a chunk, KV head h. Scratch: qs, o (rows x hd), s (rows x 16),
-   kt (hd x 16), vs (16 x hd), mx, sum (rows). */
-static void attend_tile(const float *q, int64_t q_stride, const float *kc, const float *vc, float *out,
-                        int64_t start, int64_t context_len, const int64_t *table, int64_t t0, int64_t t1,
-                        int64_t h, int64_t grp, int64_t n_kv, int64_t hd, int64_t bs, float scale,
-                        float *qs, float *o, float *s, float *kt, float *vs, float *mx, float *sum) {
-    const int64_t n_q = n_kv * grp, rows = (t1 - t0) * grp;
-    for (int64_t t = t0; t < t1; t++)
-        for (int64_t g = 0; g < grp; g++) {
-            const int64_t r = (t - t0) * grp + g;
-            const float *src = q + (start + t) * q_stride + (h * grp + g) * hd;
-            for (int64_t d = 0; d < hd; d++) qs[r * hd + d] = src[d] * scale;
-            memset(o + r * hd, 0, hd * sizeof(float));
-            mx[r] = -INFINITY;
-            sum[r] = 0.f;
-        }
-    const int64_t last_key = context_len + t1 - 1; /* the tile's last query sees keys 0 .. last_key */
-    for (int64_t s0 = 0; s0 <= last_key; s0 += 16) {
-        const int64_t n = last_key + 1 - s0 < 16 ? last_key + 1 - s0 : 16;
-        /* keys s0 .. s0+n-1 (any block size: each key's row found through the table):
-           K transposed into kt[d][j], V copied into vs[j][d], zeros past n */
-        for (int64_t j = 0; j < 16; j++) {
-            if (j < n) {
-                const int64_t pos = s0 + j, slot = (table[pos / bs] * bs + pos % bs) * n_kv + h;
-                const float *k = kc + slot * hd, *v = vc + slot * hd;
-                for (int64_t d = 0; d < hd; d++) kt[d * 16 + j] = k[d];
-                memcpy(vs + j * hd, v, hd * sizeof(float));
-            } else {
-                for (int64_t d = 0; d < hd; d++) kt[d * 16 + j] = 0.f;
-            }
-        }
-        product(rows, qs, hd, kt, 16, hd, s, 16, 0);
-        for (int64_t r = 0; r < rows; r++) {
-            float *sr = s + r * 16;
-            const int64_t pos = context_len + t0 + r / grp; /* this row's query position */
-            const int64_t seen = pos - s0 + 1 < n ? pos - s0 + 1 : n; /* keys s0 .. s0+seen-1 visible */
-            if (seen <= 0) { memset(sr, 0, 16 * sizeof(float)); continue; }
-            float bm = sr[0];
-            for (int64_t j = 1; j < seen; j++) bm = sr[j] > bm ? sr[j] : bm;
-            if (bm > mx[r]) {
-                const float alpha = expf(mx[r] - bm); /* 0 on the first block */
-                for (int64_t d = 0; d < hd; d++) o[r * hd + d] *= alpha;
-                sum[r] *= alpha;
-                mx[r] = bm;
-            }
-            const __m256 m = _mm256_set1_ps(mx[r]);
-            const __m256 e0 = exp8(_mm256_sub_ps(_mm256_loadu_ps(sr), m));
-            const __m256 e1 = exp8(_mm256_sub_ps(_mm256_loadu_ps(sr + 8), m));
-            _mm256_storeu_ps(sr, e0);
-            _mm256_storeu_ps(sr + 8, e1);
-            for (int64_t j = seen; j < 16; j++) sr[j] = 0.f; /* masked and missing keys */
-            for (int64_t j = 0; j < seen; j++) sum[r] += sr[j];
-        }
-        for (int64_t c0 = 0; c0 < hd; c0 += 16)
-            product(rows, s, 16, vs + c0, hd, n, o + c0, hd, 1);
-    }
-    for (int64_t t = t0; t < t1; t++)
-        for (int64_t g = 0; g < grp; g++) {
-            const int64_t r = (t - t0) * grp + g;
-            float *dst = out + ((start + t) * n_q + h * grp + g) * hd;
-            const float inv = 1.f / sum[r];
-            for (int64_t d = 0; d < hd; d++) dst[d] = o[r * hd + d] * inv;
-        }
-}
-
-/* Chunk c: query rows starts[c] .. starts[c]+lens[c]-1, context_lens[c] tokens before it,
-   block table tables[c * max_blocks ..]. out (T, n_q, hd) contiguous; q rows q_stride apart. */
-void prefill_attention_f32(const float *q, int64_t q_stride, const float *kc, const float *vc, float *out,
-                           const int64_t *starts, const int64_t *lens, const int64_t *context_lens,
-                           const int64_t *tables, int64_t max_blocks, int64_t n_chunks, int64_t n_q,
-                           int64_t n_kv, int64_t hd, int64_t bs, float scale, int nthreads) {
-    const int64_t grp = n_q / n_kv, rows_max = TILE_TOKENS * grp;
-    int64_t n_tasks = 0;
-    for (int64_t c = 0; c < n_chunks; c++) n_tasks += n_kv * ((lens[c] + TILE_TOKENS - 1) / TILE_TOKENS);
-    /* (chunk, tile, head) per task, the costliest (latest tiles of long contexts) first */
-    int64_t *task = (int64_t *)malloc(sizeof(int64_t) * 3 * (n_tasks > 0 ? n_tasks : 1));
-    int64_t i = 0;
-    for (int64_t c = 0; c < n_chunks; c++)
-        for (int64_t t0 = 0; t0 < lens[c]; t0 += TILE_TOKENS)
-            for (int64_t h = 0; h < n_kv; h++, i++) { task[3 * i] = c; task[3 * i + 1] = t0; task[3 * i + 2] = h; }
-#pragma omp parallel num_threads(nthreads)
-    {
-        float *qs = (float *)aligned_alloc(64, sizeof(float) * rows_max * hd);
-        float *o = (float *)aligned_alloc(64, sizeof(float) * rows_max * hd);
-        float *s = (float *)aligned_alloc(64, sizeof(float) * rows_max * 16);
-        float *kt = (float *)aligned_alloc(64, sizeof(float) * hd * 16);
-        float *vs = (float *)aligned_alloc(64, sizeof(float) * hd * 16);
-        float *mx = (float *)malloc(sizeof(float) * rows_max), *sum = (float *)malloc(sizeof(float) * rows_max);
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t k = 0; k < n_tasks; k++) {
-            const int64_t j = n_tasks - 1 - k; /* later tiles see more keys: start with them */
-            const int64_t c = task[3 * j], t0 = task[3 * j + 1], h = task[3 * j + 2];
-            const int64_t t1 = t0 + TILE_TOKENS < lens[c] ? t0 + TILE_TOKENS : lens[c];
-            attend_tile(q, q_stride, kc, vc, out, starts[c], context_lens[c], tables + c * max_blocks, t0, t1, h,
-                        grp, n_kv, hd, bs, scale, qs, o, s, kt, vs, mx, sum);
-        }
-        free(qs); free(o); free(s); free(kt); free(vs); free(mx); free(sum);
-    }
-    free(task);
-}
-"""
 
 
 class NativePrefill:
@@ -225,5 +80,5 @@ def load() -> NativePrefill | None:
     """The compiled kernel, or None without AVX2+FMA, when disabled, or where no C compiler works."""
     if not has_avx2_fma():
         return None
-    lib = native_build.try_load("prefill_attention", SOURCE)
+    lib = native_build.try_load_kernel("prefill_attention")
     return None if lib is None else NativePrefill(lib)

@@ -1,4 +1,5 @@
-"""The layers' elementwise ops: the C kernels (pageserve_kernels/cpu_fused.py) where they apply, else PyTorch.
+"""The layers' elementwise ops: the C kernels (pageserve_kernels/cpu_fused.py, float32; pageserve_kernels/cpu_fused_bf16.py,
+bfloat16) where they apply, else PyTorch.
 
 Each op has its PyTorch reference here (`*_reference`): the fallback for other
 dtypes and devices, without a compiler or with PAGESERVE_NATIVE_KERNELS=0, and
@@ -15,12 +16,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from pageserve_kernels import cpu_fused
+from pageserve_kernels import cpu_fused, cpu_fused_bf16, fused_choice
 from pageserve_kernels.cpu_fused import NativeFused
+from pageserve_kernels.cpu_fused_bf16 import NativeFusedBf16
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:  # (T, H) -> (T, H)
-    native = _native(x)
+    native = _native(x, "rms_norm")
     if native is None or x.dim() != 2 or x.stride(1) != 1:
         return rms_norm_reference(x, weight, eps)
     return native.rms_norm(x, weight, eps)
@@ -30,7 +32,7 @@ def fused_add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:  # (T, H) x2 -> normed, new residual
     """residual = residual + x; returns (rms_norm(residual), residual): one pass instead of two ops."""
-    native = _native(x)
+    native = _native(x, "add_rms_norm")
     if native is None or x.dim() != 2 or residual.dtype != x.dtype or not (x.is_contiguous() and residual.is_contiguous()):
         return fused_add_rms_norm_reference(x, residual, weight, eps)
     native.add_rms_norm_(x, residual, weight, eps)
@@ -38,7 +40,7 @@ def fused_add_rms_norm(
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:  # (T, 2 I) -> (T, I)
-    native = _native(gate_up)
+    native = _native(gate_up, "silu_and_mul")
     if native is None or gate_up.dim() != 2 or gate_up.stride(1) != 1:
         return silu_and_mul_reference(gate_up)
     return native.silu_and_mul(gate_up)
@@ -46,7 +48,7 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:  # (T, 2 I) -> (T, I)
 
 def rotate_qk(qk: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
     """qk (T, heads, hd) rotated by its rows' angles; cos, sin_signed (T, 1, hd) from RotaryEmbedding.lookup."""
-    native = _native(qk)
+    native = _native(qk, "rotary")
     if native is None or qk.dim() != 3 or qk.stride(2) != 1 or qk.stride(1) != qk.shape[2]:
         return rotary_reference(qk, cos, sin_signed)
     native.rotary_(qk, cos, sin_signed)
@@ -55,8 +57,8 @@ def rotate_qk(qk: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> 
 
 def argmax_rows(x: torch.Tensor) -> torch.Tensor:  # (N, V) -> (N,) int64
     """Each row's first index of its maximum (NaN counts as the maximum), as torch.argmax(-1)."""
-    native = _native(x)
-    if native is None or x.dim() != 2 or x.stride(1) != 1 or x.shape[1] == 0:
+    native = _native(x, "")
+    if not isinstance(native, NativeFused) or x.dim() != 2 or x.stride(1) != 1 or x.shape[1] == 0:
         return x.argmax(-1)
     return native.argmax(x)
 
@@ -89,8 +91,16 @@ def rotary_reference(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tenso
     return x * cos + swapped * sin_signed
 
 
-def _native(x: torch.Tensor) -> NativeFused | None:
-    """The C kernels when they cover this tensor (float32 on the CPU, 2-D/3-D) and built here."""
-    if x.dtype != torch.float32 or not x.is_cpu:  # is_cpu: 3x cheaper than device.type, ~120 calls a step
+def _native(x: torch.Tensor, op: str) -> NativeFused | NativeFusedBf16 | None:
+    """The C kernels when they cover this tensor (float32 or bfloat16 on the CPU), built here, and
+    measured faster than PyTorch for this op, dtype and row width on this host (fused_choice.py)."""
+    if not x.is_cpu:  # is_cpu: 3x cheaper than device.type, ~120 calls a step
         return None
-    return cpu_fused.load()
+    native: NativeFused | NativeFusedBf16 | None = None
+    if x.dtype == torch.float32:
+        native = cpu_fused.load()
+    elif x.dtype == torch.bfloat16:
+        native = cpu_fused_bf16.load()
+    if native is None or not op:
+        return native
+    return native if fused_choice.native_wins(op, native, x) else None

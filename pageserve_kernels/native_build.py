@@ -1,9 +1,10 @@
 """Compile a small C source once into a shared library in the pageserve cache folder.
 
-The CPU kernels (pageserve_kernels/cpu_decode.py, pageserve_kernels/cpu_fused.py) ship as C source
-strings. Each is built on first use with the system C compiler (`cc`) and
-cached under a name keyed by a hash of the source, the compiler, the flags and
-this CPU's feature flags, so a changed kernel or a different machine rebuilds.
+The CPU kernels ship as C files in pageserve_kernels/csrc/ (package data: `<name>.c`, and
+the `.h` files they include). Each is built on first use with the system C
+compiler (`cc`, `-I pageserve_kernels/csrc`) and cached under a name keyed by a hash of
+the source, every header in csrc/, the compiler, the flags and this CPU's
+feature flags, so a changed kernel or header, or a different machine, rebuilds.
 Without a compiler the caller gets an exception and keeps its PyTorch path.
 """
 
@@ -43,6 +44,19 @@ def enabled() -> bool:
     return os.environ.get("PAGESERVE_NATIVE_KERNELS", "1") != "0"
 
 
+CSRC = Path(__file__).with_name("csrc")
+
+
+def kernel_source(name: str) -> str:
+    """The text of pageserve_kernels/csrc/<name>.c."""
+    return (CSRC / f"{name}.c").read_text()
+
+
+def try_load_kernel(name: str, flags: tuple[str, ...] = FLAGS) -> ctypes.CDLL | None:
+    """try_load of pageserve_kernels/csrc/<name>.c."""
+    return try_load(name, kernel_source(name), flags)
+
+
 def try_load(name: str, source: str, flags: tuple[str, ...] = FLAGS) -> ctypes.CDLL | None:
     """The compiled library, or None (with a warning) when disabled or no C compiler works here."""
     if not enabled():
@@ -63,7 +77,9 @@ def build(name: str, source: str, flags: tuple[str, ...] = FLAGS) -> Path:
     compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
     if compiler is None:
         raise FileNotFoundError("no C compiler (cc/gcc) on PATH")
-    key = hashlib.sha256("\0".join([source, compiler, *flags, cpu_flags_line()]).encode()).hexdigest()[:16]
+    headers = [h.read_text() for h in sorted(CSRC.glob("*.h"))]
+    key_parts = [source, *headers, compiler, *flags, cpu_flags_line()]
+    key = hashlib.sha256("\0".join(key_parts).encode()).hexdigest()[:16]
     from shared.model_store import cache_dir
 
     target = cache_dir() / "kernels" / f"{name}-{key}.so"
@@ -74,6 +90,6 @@ def build(name: str, source: str, flags: tuple[str, ...] = FLAGS) -> Path:
         src = Path(tmp) / f"{name}.c"
         src.write_text(source)
         lib = Path(tmp) / target.name
-        subprocess.run([compiler, *flags, "-o", str(lib), str(src), "-lm"], check=True, capture_output=True)
+        subprocess.run([compiler, *flags, f"-I{CSRC}", "-o", str(lib), str(src), "-lm"], check=True, capture_output=True)
         os.replace(lib, target)  # atomic: concurrent first starts each build, one wins
     return target

@@ -51,6 +51,10 @@ class SchedulerConfig:
     long_prefill_token_threshold: int = 0
     """Largest prefill chunk one request gets per step (0: only the step budget limits it);
     a cap keeps decodes of other requests flowing while a long prompt is prefilled."""
+    max_prefill_tokens_while_decoding: int = 0
+    """Serving mode: prompt tokens one step may compute while any running request is generating
+    (0: only the step budget limits them). A prompt step stalls every stream for its whole
+    length; this bounds the stall (the engine process defaults to it, offline runs do not)."""
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -72,6 +76,8 @@ class SchedulerConfig:
                 raise ValueError(f"{name} must be in [0, 1)")
         if self.long_prefill_token_threshold < 0:
             raise ValueError("long_prefill_token_threshold must be non-negative")
+        if self.max_prefill_tokens_while_decoding < 0:
+            raise ValueError("max_prefill_tokens_while_decoding must be non-negative")
 
 
 @dataclass(frozen=True)

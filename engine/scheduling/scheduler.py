@@ -127,7 +127,7 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         now = self._clock()
         self.bm.end_step()
-        step = StepBuilder(budget=self.config.max_num_batched_tokens)
+        step = StepBuilder(budget=self.config.max_num_batched_tokens, prefill_budget=self._prefill_budget())
         if self.config.policy == "priority":
             self._preempt_for_urgent(now, step)
         if not self._schedule_running(step):
@@ -167,7 +167,9 @@ class Scheduler:
         queue = sorted(self.running, key=self._urgency)
         while queue and step.budget > 0:
             req = queue.pop(0)
-            num_new = self._num_new_tokens(req, 0, step.budget)
+            num_new = self._num_new_tokens(req, 0, step)
+            if num_new == 0:
+                continue  # a prompt chunk over the serving prefill budget: next step
             copies = self.bm.allocate(req, num_new)
             while copies is None:
                 victim = pick_victim(queue, self._level_of, self._seq_of) or req
@@ -204,7 +206,9 @@ class Scheduler:
         return self._queued_level(swapped, now) <= self.waiting.level(waiting, now)
 
     def _resume(self, req: Request, step: StepBuilder) -> bool:
-        num_new = self._num_new_tokens(req, 0, step.budget)
+        num_new = self._num_new_tokens(req, 0, step)
+        if num_new == 0:
+            return False
         after = self.bm.blocks_for(req.num_computed_tokens + num_new) - self.bm.num_swapped_blocks(req)
         pairs = self.bm.swap_in(req, reserve=after + self._watermark(self.config.swap_in_watermark))
         if pairs is None:
@@ -222,7 +226,9 @@ class Scheduler:
 
     def _admit(self, req: Request, step: StepBuilder) -> bool:
         hit = self.bm.find_prefix(req)
-        num_new = self._num_new_tokens(req, hit.num_tokens, step.budget)
+        num_new = self._num_new_tokens(req, hit.num_tokens, step)
+        if num_new == 0:
+            return False
         copies = self.bm.allocate(req, num_new, hit, reserve=self._watermark(self.config.admission_watermark))
         if copies is None:
             return False
@@ -246,12 +252,21 @@ class Scheduler:
         self.bm.cache_full_blocks(req)
         self.waiting.charge(req, num_new)
 
-    def _num_new_tokens(self, req: Request, num_cached: int, budget: int) -> int:
-        num_new = min(req.num_tokens - req.num_computed_tokens - num_cached, budget)
+    def _num_new_tokens(self, req: Request, num_cached: int, step: StepBuilder) -> int:
+        """The request's next chunk under the step's budgets; 0 only when the serving prefill
+        budget is spent (the request has tokens left and the step budget room)."""
+        left = req.num_tokens - req.num_computed_tokens - num_cached
+        assert left > 0 and step.budget > 0, f"{req.request_id} has nothing to compute"
         if self.config.long_prefill_token_threshold:
-            num_new = min(num_new, self.config.long_prefill_token_threshold)
-        assert num_new > 0, f"{req.request_id} has nothing to compute"
-        return num_new
+            left = min(left, self.config.long_prefill_token_threshold)
+        return step.room(req, left, num_cached)
+
+    def _prefill_budget(self) -> int | None:
+        """The serving mode's prompt-token bound for this step: set while any stream generates."""
+        cap = self.config.max_prefill_tokens_while_decoding
+        if cap and any(r.num_computed_tokens >= r.num_prompt_tokens for r in self.running):
+            return cap
+        return None
 
     # -- preemption ----------------------------------------------------------------------
 
@@ -284,7 +299,9 @@ class Scheduler:
         if not candidates:
             return
         hit = self.bm.find_prefix(req)
-        num_new = self._num_new_tokens(req, hit.num_tokens, step.budget)
+        num_new = self._num_new_tokens(req, hit.num_tokens, step)
+        if num_new == 0:
+            return
         growth = sum(self.bm.blocks_for(r.num_tokens) - self.bm.num_held(r) for r in self.running)
         short_blocks = (
             self.bm.num_new_blocks(req, num_new, hit)

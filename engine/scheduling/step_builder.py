@@ -18,10 +18,22 @@ from engine.scheduling.block_manager import BlockPairs
 class StepBuilder:
     budget: int
     """Tokens this step may still compute."""
+    prefill_budget: int | None = None
+    """Prompt tokens this step may still compute (None: only `budget` limits them); the serving
+    mode's bound on how long a prompt step stalls the streams that are generating."""
     chunks: list[ScheduledChunk] = field(default_factory=list)
     swap_out: BlockPairs = field(default_factory=list)
     swap_in: BlockPairs = field(default_factory=list)
     copies: BlockPairs = field(default_factory=list)
+
+    def room(self, req: Request, wanted: int, num_cached: int = 0) -> int:
+        """How many of `wanted` next tokens of `req` (after `num_cached` prefix-cache hits) fit this
+        step (0: none). Prompt tokens count against the prefill budget as well as `budget`."""
+        num_new = min(wanted, self.budget)
+        prompt_left = req.num_prompt_tokens - req.num_computed_tokens - num_cached
+        if self.prefill_budget is not None and prompt_left > 0:
+            num_new = min(num_new, self.prefill_budget)
+        return max(num_new, 0)
 
     def add_chunk(self, req: Request, num_new: int, copies: BlockPairs) -> None:
         """Compute the request's next `num_new` tokens this step (its blocks already cover
@@ -48,6 +60,8 @@ class StepBuilder:
         )
         self.copies += copies
         self.budget -= num_new
+        if self.prefill_budget is not None and start < n_prompt:
+            self.prefill_budget -= min(num_new, n_prompt - start)
 
     def build(self, finished_request_ids: list[str]) -> SchedulerOutput:
         return SchedulerOutput(

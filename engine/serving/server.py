@@ -401,13 +401,18 @@ def _is_loopback(address: str) -> bool:
 # --------------------------------------------------------------------------- process entry
 
 
+# Serving default of --max-prefill-while-decoding: a prompt step of 256 tokens costs a few
+# decode steps on 2 cores (the full 2,048-token budget stalled every stream for ~1 s).
+SERVING_PREFILL_BUDGET = 256
+
+
 def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
     """The engine's flags; `environ` (default os.environ) supplies their PAGESERVE_* twins."""
     p = argparse.ArgumentParser(prog="pageserve engine", description="Run the engine process.")
     p.add_argument("--model", default="smollm2", help="short name or local Hugging Face folder")
     p.add_argument("--listen", default="tcp://127.0.0.1:5555", help="tcp://HOST:PORT or ipc:///PATH")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
-                   help="weights and KV cache precision")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="auto: bfloat16 on a GPU or a CPU with AVX512-BF16/AMX, else float32")
     p.add_argument("--max-model-len", type=int, default=None, help="default: the smaller of the model's context and 2048 (SchedulerConfig.max_model_len)")
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     p.add_argument("--kv-cache-memory", type=float, default=2.0, help="GiB for the device KV pool")
@@ -415,6 +420,9 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     p.add_argument("--num-blocks", type=int, default=None, help="force the device block count")
     p.add_argument("--max-num-seqs", type=int, default=64, help="most requests running at once")
     p.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget per step")
+    p.add_argument("--max-prefill-while-decoding", type=int, default=SERVING_PREFILL_BUDGET,
+                   help="prompt tokens a step may compute while streams are generating: bounds the stall a "
+                        "new prompt causes them (0: only the step budget)")
     p.add_argument("--no-prefix-caching", action="store_true", help="never reuse KV blocks of equal prompt prefixes")
     p.add_argument("--policy", default="priority", choices=["priority", "fcfs"],
                    help="admission order: (aged) priority then fair share, or arrival only")

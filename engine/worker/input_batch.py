@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import torch
 
 from engine.outputs import ScheduledChunk
-from engine.worker.layers.attention import AttentionMetadata
-from pageserve_kernels.cpu_attention import compute_slot_mapping, plan_attention
+from engine.worker.layers.attention import AttentionMetadata, PagedAttentionOp
+from pageserve_kernels.cpu_attention import compute_slot_mapping
 
 
 @dataclass(frozen=True)
@@ -44,10 +44,9 @@ def order_chunks(chunks: list[ScheduledChunk]) -> list[ScheduledChunk]:
 
 
 def build_step_inputs(
-    chunks: list[ScheduledChunk], block_size: int, device: torch.device, plan: bool, native: bool = False
+    chunks: list[ScheduledChunk], block_size: int, device: torch.device, attention: PagedAttentionOp
 ) -> StepInputs:
-    """`chunks` must already be in `order_chunks` order; `plan` builds the CPU attention plan
-    (`native`: with decodes for the C kernel)."""
+    """`chunks` must already be in `order_chunks` order; the attention op adds its own plan."""
     token_ids: list[int] = []
     positions: list[int] = []
     query_lens, seq_lens, tables, starts, logits_rows = [], [], [], [0], []
@@ -66,7 +65,7 @@ def build_step_inputs(
             logits_rows.append(starts[-1] - 1)
             sampled.append(c)
     max_blocks = max(len(t) for t in tables)
-    attention_plan = plan_attention(query_lens, seq_lens, tables, block_size, device, native) if plan else None
+    attention_plan = attention.plan(query_lens, seq_lens, tables, block_size, device)
     if attention_plan is not None:
         slot_mapping = attention_plan.slot_mapping
     else:

@@ -21,7 +21,7 @@ from safetensors import safe_open
 
 from engine.config import ModelConfig
 from engine.worker.models.llama import LlamaModel, LlamaShape, ModelConfigError
-from pageserve_kernels.cpu_features import has_fast_matmul
+from pageserve_kernels.cpu_features import has_bf16_hardware, has_fast_matmul
 from shared.model_store import ModelFiles, resolve_model
 
 log = logging.getLogger("pageserve.engine")
@@ -40,17 +40,28 @@ class LoadedModel:
     max_model_len: int
     """min(the config's max_model_len, the model's max_position_embeddings)."""
     eos_token_id: int | None
+    dtype: str
+    """The dtype it runs in ("auto" resolved): "float32", "bfloat16" or "float16"."""
+
+
+def resolve_dtype(dtype: str, device: str) -> str:
+    """ "auto" -> bfloat16 on a GPU or on a CPU with bfloat16 hardware (AVX512-BF16 or AMX), else
+    float32 (vLLM's rule: emulated bfloat16 products run several times slower than float32)."""
+    if dtype != "auto":
+        return dtype
+    return "bfloat16" if torch.device(device).type != "cpu" or has_bf16_hardware() else "float32"
 
 
 def load_model(config: ModelConfig) -> LoadedModel:
     files = resolve_model(config.model)
     shape = LlamaShape.from_hf_config(files.config)
     max_len = min(config.max_model_len or shape.max_position_embeddings, shape.max_position_embeddings)
-    dtype = DTYPES[config.dtype]
+    dtype_name = resolve_dtype(config.dtype, config.device)
+    dtype = DTYPES[dtype_name]
     if torch.device(config.device).type == "cpu" and not has_fast_matmul(dtype):
         log.warning("%s products have no hardware support on this CPU (no AVX512-BF16/FP16 or AMX): they are "
                     "emulated and run several times slower than float32; --dtype float32 is faster here",
-                    config.dtype)
+                    dtype_name)
     model = LlamaModel(shape, dtype, max_len)
     _load_weights(model, shape, files, dtype)
     model.to(config.device)
@@ -58,7 +69,7 @@ def load_model(config: ModelConfig) -> LoadedModel:
     model.rotary.sin_signed = model.rotary.sin_signed.to(config.device)
     model.eval()
     model.pack_weights()  # after the move: packed layouts are device-specific
-    return LoadedModel(model, shape, files.name, files.path, max_len, _eos_token_id(files))
+    return LoadedModel(model, shape, files.name, files.path, max_len, _eos_token_id(files), dtype_name)
 
 
 def _eos_token_id(files: ModelFiles) -> int | None:

@@ -26,15 +26,17 @@ from pageserve_kernels.cpu_attention import native_decode_available
 from pageserve_kernels.dispatch import AttentionBackend
 
 
-def make_attention(choice: str | AttentionBackend, device: torch.device) -> tuple[PagedAttentionOp, bool]:
-    """(attention op, whether it wants the CPU plan) for a backend choice or an already selected backend."""
+def make_attention(choice: str | AttentionBackend, device: torch.device, kv_dtype: torch.dtype) -> PagedAttentionOp:
+    """The attention op of a backend choice or an already selected backend; it plans its own step metadata."""
     if isinstance(choice, AttentionBackend):
-        return (TorchPagedAttention(), True) if choice.name == "torch" else (KernelPagedAttention(choice), False)
+        if choice.name == "torch":
+            return TorchPagedAttention(native_decode_available(kv_dtype, device))
+        return KernelPagedAttention(choice)
     if choice == "torch" or (choice == "auto" and device.type != "cuda"):
-        return TorchPagedAttention(), True
+        return TorchPagedAttention(native_decode_available(kv_dtype, device))
     from pageserve_kernels.dispatch import select_backend  # Triton modules load only when chosen
 
-    return KernelPagedAttention(select_backend(choice, device)), False
+    return KernelPagedAttention(select_backend(choice, device))
 
 
 class ModelRunner:
@@ -47,8 +49,7 @@ class ModelRunner:
         self.sampler = sampler
         self.device = kv_cache.device_pool.device
         self.block_size = kv_cache.layout.block_size
-        self.attention, self._plan = make_attention(attention_backend, self.device)
-        self._native = self._plan and native_decode_available(kv_cache.layout.dtype, self.device)
+        self.attention = make_attention(attention_backend, self.device, kv_cache.layout.dtype)
         self.decode_graphs: DecodeGraphs | None = None
         """Recorded decode forwards (CUDA only; EngineCore captures them at start-up)."""
 
@@ -61,9 +62,7 @@ class ModelRunner:
         if not out.chunks:
             return RunnerOutput({})
         with torch.inference_mode():
-            inputs = build_step_inputs(
-                order_chunks(out.chunks), self.block_size, self.device, self._plan, self._native
-            )
+            inputs = build_step_inputs(order_chunks(out.chunks), self.block_size, self.device, self.attention)
             hidden = self.decode_graphs.forward(inputs) if self.decode_graphs is not None else None
             if hidden is None:
                 hidden = self.model(inputs.input_ids, inputs.positions, self.kv_cache.layers, inputs.meta,

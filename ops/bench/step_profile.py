@@ -37,7 +37,8 @@ CATEGORIES: list[tuple[str, Rule]] = [
      or f.endswith("pageserve_kernels/cpu_prefill.py")),
     ("KV cache writes", lambda f, n: f == "~" and "index_copy" in n or n == "store_kv"),
     ("sampling", lambda f, n: f.endswith(("engine/worker/sampler.py", "engine/scheduling/sample_group.py")) or n == "argmax"),
-    ("norms, SiLU, rotary", lambda f, n: f.endswith(("pageserve_kernels/cpu_fused.py", "pageserve_kernels/fused_ops.py"))),
+    ("norms, SiLU, rotary", lambda f, n: f.endswith(("pageserve_kernels/cpu_fused.py", "pageserve_kernels/cpu_fused_bf16.py",
+                                                    "pageserve_kernels/fused_ops.py"))),
     ("scheduler", lambda f, n: "engine/scheduling/" in f or f.endswith("engine/request.py")),
 ]
 OTHER = "other Python and torch glue"

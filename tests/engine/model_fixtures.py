@@ -25,7 +25,7 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def make_llm(model: Path | str, *, blocks: int = 64, block_size: int = 4, budget: int = 32, seqs: int = 8,
              cpu_blocks: int = 64, **kwargs: Any) -> LLM:
     sched = SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=seqs, **kwargs)
-    return LLM(str(model), num_device_blocks=blocks, num_cpu_blocks=cpu_blocks, block_size=block_size, scheduler=sched)
+    return LLM(str(model), "float32", num_device_blocks=blocks, num_cpu_blocks=cpu_blocks, block_size=block_size, scheduler=sched)
 
 
 def random_prompts(lengths: list[int], vocab: int, seed: int = 0) -> list[list[int]]:

@@ -30,7 +30,7 @@ def assert_nothing_held(core: EngineCore) -> None:
 
 def test_model_info(tiny_model: Path) -> None:
     core = EngineCore(EngineConfig(
-        model=ModelConfig(str(tiny_model), max_model_len=300),
+        model=ModelConfig(str(tiny_model), dtype="float32", max_model_len=300),
         cache=CacheConfig(block_size=8, num_device_blocks=50, num_cpu_blocks=0),
     ))
     info = core.model_info

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.worker.layers import linear as linear_mod
-from pageserve_kernels import cpu_gemm
+from pageserve_kernels import choice, cpu_gemm
 
 native = cpu_gemm.load()
 needs_native = pytest.mark.skipif(native is None, reason="no AVX2+FMA CPU or no C compiler: oneDNN path only")
@@ -66,17 +66,22 @@ def test_a_row_gets_the_same_bits_alone_in_any_batch_and_on_any_thread_count() -
 
 
 @needs_native
-def test_layers_use_the_panel_gemm_for_float32_cpu_weights() -> None:
+def test_layers_offer_the_panel_gemm_for_float32_cpu_weights(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(linear_mod, "_PLANS", {})
+    monkeypatch.setenv(choice.FORCE_ENV, "linear=panel")
     w, bias, x = torch.randn(40, 24), torch.randn(40), torch.randn(5, 24)
     packed = linear_mod.pack(w)
-    assert isinstance(packed, cpu_gemm.PanelWeight)
+    assert packed is not None and isinstance(packed.packed["panel"], cpu_gemm.PanelWeight)
     torch.testing.assert_close(linear_mod.linear(x, w, packed, bias), reference(x, w, bias), rtol=1e-5, atol=1e-4)
-    assert linear_mod.pack(w.bfloat16()) is None  # other dtypes keep F.linear
+    assert "panel" not in linear_mod.candidates(torch.bfloat16)  # the panel GEMM is float32-only
 
 
 def test_without_the_kernel_layers_fall_back_to_onednn(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cpu_gemm, "load", lambda: None)
+    monkeypatch.setattr(linear_mod, "_PLANS", {})
+    monkeypatch.setenv(choice.FORCE_ENV, "linear=onednn")
+    assert "panel" not in linear_mod.candidates(torch.float32)
     w, bias, x = torch.randn(40, 24), torch.randn(40), torch.randn(5, 24)
     packed = linear_mod.pack(w)
-    assert not isinstance(packed, cpu_gemm.PanelWeight)
+    assert packed is not None and set(packed.packed) == {"onednn"}
     torch.testing.assert_close(linear_mod.linear(x, w, packed, bias), reference(x, w, bias), rtol=1e-5, atol=1e-4)

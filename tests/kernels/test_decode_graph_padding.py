@@ -21,7 +21,7 @@ from tests.support.tiny_model import tiny_llama_folder
 
 
 def test_padded_forward_equals_the_unpadded_one(tmp_path) -> None:
-    loaded = load_model(ModelConfig(model=str(tiny_llama_folder(tmp_path, num_layers=2))))
+    loaded = load_model(ModelConfig(model=str(tiny_llama_folder(tmp_path, num_layers=2)), dtype="float32"))
     s = loaded.shape
     layout = CacheLayout(BLOCK_SIZE, 32, 0, s.num_layers, s.num_kv_heads, s.head_dim, torch.float32)
     kv = KVCache(layout)
@@ -30,7 +30,7 @@ def test_padded_forward_equals_the_unpadded_one(tmp_path) -> None:
         k.normal_(generator=gen)
         v.normal_(generator=gen)
     attention = KernelPagedAttention(select_backend("triton", "cpu"))
-    inputs = build_step_inputs(order_chunks(decodes([5, 9, 2])), BLOCK_SIZE, torch.device("cpu"), plan=False)
+    inputs = build_step_inputs(order_chunks(decodes([5, 9, 2])), BLOCK_SIZE, torch.device("cpu"), attention)
     with torch.inference_mode():
         before = kv.device_pool.clone()
         eager = loaded.model(inputs.input_ids, inputs.positions, kv.layers, inputs.meta, attention)
@@ -41,4 +41,6 @@ def test_padded_forward_equals_the_unpadded_one(tmp_path) -> None:
         b = static.fill(inputs)
         padded = loaded.model(static.input_ids, static.positions, kv.layers, static.meta, attention)
     assert torch.allclose(padded[:b], eager, atol=1e-5, rtol=1e-5)
-    assert torch.equal(kv.device_pool, after_eager)  # padding rows wrote no KV
+    # Padding rows wrote no KV: the pool equals the eager step's (up to the products' row-bucket
+    # choice, pageserve_kernels/choice.py, which may differ between 3 and 8 rows in the last bits).
+    assert torch.allclose(kv.device_pool, after_eager, atol=1e-5, rtol=1e-5)

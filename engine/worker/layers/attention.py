@@ -55,9 +55,22 @@ class PagedAttentionOp(Protocol):
         scale: float,
     ) -> torch.Tensor: ...  # (T, n_q, hd)
 
+    def plan(
+        self, query_lens: list[int], seq_lens: list[int], tables: list[list[int]], block_size: int,
+        device: torch.device,
+    ) -> AttentionPlan | None:
+        """This backend's own per-step metadata (built once per step, read by every layer)."""
+        ...
+
 
 class TorchPagedAttention:
     """pageserve_kernels/cpu_attention.py: the step's plan is reused by every layer."""
+
+    def __init__(self, native_decode: bool = False) -> None:
+        self.native_decode = native_decode  # decodes planned for the C kernel (it loaded for this dtype)
+
+    def plan(self, query_lens, seq_lens, tables, block_size, device):  # type: ignore[no-untyped-def]
+        return cpu_attention.plan_attention(query_lens, seq_lens, tables, block_size, device, self.native_decode)
 
     def __call__(self, query, key, value, key_cache, value_cache, meta, scale):  # type: ignore[no-untyped-def]
         assert meta.plan is not None, "the torch backend needs a planned step"
@@ -70,6 +83,9 @@ class KernelPagedAttention:
 
     def __init__(self, backend: Any) -> None:
         self.backend = backend
+
+    def plan(self, query_lens, seq_lens, tables, block_size, device):  # type: ignore[no-untyped-def]
+        return None  # the kernels read block tables and lengths straight from AttentionMetadata
 
     def __call__(self, query, key, value, key_cache, value_cache, meta, scale):  # type: ignore[no-untyped-def]
         self.backend.write_kv(key, value, key_cache, value_cache, meta.slot_mapping)

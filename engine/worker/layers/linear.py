@@ -1,47 +1,160 @@
-"""Linear products with weights prepacked once, for float32 on the CPU.
+"""Linear products with weights prepacked once, on the path this host runs fastest.
 
-Three paths, picked once per weight at load time by `pack`:
-  - our AVX2 GEMM over 16-column panels (pageserve_kernels/cpu_gemm.py): 1.3-1.5x oneDNN at
-    decode batch sizes, even at prompt sizes, and batch-invariant;
-  - oneDNN's blocked layout where that kernel cannot build (no AVX2+FMA, no C compiler,
-    PAGESERVE_NATIVE_KERNELS=0): MKL's sgemm repacks the weight on every call, which
-    costs 1.3-1.6x at 15-64 rows on this CPU;
-  - F.linear for other dtypes and devices, or a torch without the oneDNN op.
-This module knows nothing about which weights it multiplies.
+Candidates for a (N, K) weight, each timed by pageserve_kernels/choice.py at engine start
+for every row bucket (decode batches 1-64, prompt steps 256-2048) and cached on
+disk per host:
+  - "panel": our AVX2 GEMM over 16-column panels (pageserve_kernels/cpu_gemm.py), float32,
+    batch-invariant; the fastest on AVX2-only hosts at every size;
+  - "onednn": oneDNN's blocked layout (float32 and bfloat16): on AVX-512/AMX hosts
+    the faster one from about 16 rows up;
+  - "torch": F.linear (MKL for float32): the fallback everywhere.
+A row bucket leaves the weight's main path only for a candidate at least
+SWITCH_GAIN faster there (a second packed copy costs the weight's memory again).
+PAGESERVE_KERNEL_CHOICE=linear=<name> forces one path. This module knows nothing
+about which weights it multiplies.
 """
 
 from __future__ import annotations
 
+import bisect
+import itertools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
-from pageserve_kernels import cpu_gemm
+from pageserve_kernels import choice, cpu_gemm
+
+log = logging.getLogger("pageserve.engine")
 
 BATCH_HINT = 64  # decode batches: the shape oneDNN's packing is tuned for
+ROW_BUCKETS = (1, 4, 16, 64, 256, 2048)  # decode batch sizes, then prompt steps
+SWITCH_GAIN = 1.10
+MAX_TIMED_FLOP = 8e9  # larger buckets take the choice of the largest one timed
+WARM_BYTES = 48 << 20  # decode buckets cycle through this many bytes of weight copies: out of cache, as in a step
 
-Packed = cpu_gemm.PanelWeight | torch.Tensor
+Product = Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class LinearPlan:
+    """One weight's packed forms and which of them each row count uses."""
+
+    upper_rows: tuple[int, ...]  # bucket i covers rows up to upper_rows[i] (the last: any)
+    impls: tuple[str, ...]  # the implementation of each bucket
+    packed: dict[str, object]  # implementation -> its packed weight (None for "torch")
+
+    def impl_for(self, rows: int) -> str:
+        return self.impls[min(bisect.bisect_left(self.upper_rows, rows), len(self.impls) - 1)]
+
+
+Packed = LinearPlan
+
+_PLANS: dict[tuple[int, int, torch.dtype], tuple[str, ...]] = {}  # one choice per shape in a process
+
+
+def candidates(dtype: torch.dtype) -> list[str]:
+    """The implementations this host can run for this dtype, on the CPU."""
+    names = []
+    if dtype == torch.float32 and cpu_gemm.load() is not None:
+        names.append("panel")
+    if dtype in (torch.float32, torch.bfloat16) and torch.backends.mkldnn.is_available():
+        names.append("onednn")
+    names.append("torch")
+    return names
 
 
 def pack(weight: torch.Tensor) -> Packed | None:
-    """The prepacked form of a (N, K) weight, or None where F.linear is the better path."""
-    if weight.dtype != torch.float32 or weight.device.type != "cpu":
+    """The weight's plan, or None where F.linear is the only path (other devices)."""
+    if weight.device.type != "cpu" or weight.dim() != 2:
         return None
-    if cpu_gemm.load() is not None:
-        return cpu_gemm.pack_panels(weight)
-    if not torch.backends.mkldnn.is_available():
-        return None
+    key = (weight.shape[0], weight.shape[1], weight.dtype)
+    if key not in _PLANS:
+        _PLANS[key] = choose_impls(weight.shape[0], weight.shape[1], weight.dtype)
+    impls = _PLANS[key]
+    packed = {name: _pack_as(name, weight) for name in set(impls)}
+    return LinearPlan(_upper_rows(), impls, packed)
+
+
+def choose_impls(n: int, k: int, dtype: torch.dtype) -> tuple[str, ...]:
+    """Each row bucket's implementation for a (N, K) weight: measured (or cached) per bucket."""
+    names = [c for c in candidates(dtype) if _packs(c, dtype)]
+    timed: dict[int, dict[str, float]] = {}
+    picks: list[str] = []
+    for rows in ROW_BUCKETS:
+        if timed and 2 * rows * n * k > MAX_TIMED_FLOP:
+            picks.append(picks[-1])
+            continue
+        key = f"{str(dtype).removeprefix('torch.')} N={n} K={k} rows={rows}"
+        picked = choice.choose("linear", key, names, lambda rows=rows: _timers(names, n, k, dtype, rows))
+        picks.append(picked.pick)
+        timed[rows] = picked.seconds
+    impls = _with_hysteresis(picks, timed)
+    log.info("linear %s (%d x %d): %s", str(dtype).removeprefix("torch."), n, k, ", ".join(
+        f"{rows} rows {impl}" + (f" {2 * rows * n * k / timed[rows][impl] / 1e9:.0f} GFLOP/s"
+                                 if impl in timed.get(rows, {}) else "")
+        for rows, impl in zip(ROW_BUCKETS, impls, strict=True)))
+    return impls
+
+
+def _with_hysteresis(picks: list[str], timed: dict[int, dict[str, float]]) -> tuple[str, ...]:
+    """The most-picked implementation everywhere, except buckets where another is SWITCH_GAIN faster."""
+    main = max(set(picks), key=lambda name: (picks.count(name), name == picks[-1]))
+    out = []
+    for rows, pick in zip(ROW_BUCKETS, picks, strict=True):
+        s = timed.get(rows, {})
+        gain = s[main] / s[pick] if main in s and pick in s and s[pick] > 0 else float("inf")
+        out.append(pick if pick != main and gain >= SWITCH_GAIN else main)
+    return tuple(out)
+
+
+def _upper_rows() -> tuple[int, ...]:
+    """Bucket bounds halfway (in log scale) between the timed row counts."""
+    return tuple(int((a * b) ** 0.5) for a, b in zip(ROW_BUCKETS, ROW_BUCKETS[1:], strict=False))
+
+
+def _packs(name: str, dtype: torch.dtype) -> bool:
     try:
-        return torch.ops.mkldnn._reorder_linear_weight(weight, BATCH_HINT)
+        _pack_as(name, torch.zeros(16, 16, dtype=dtype))
     except (RuntimeError, AttributeError):
-        return None
+        return False
+    return True
+
+
+def _pack_as(name: str, weight: torch.Tensor) -> object:
+    if name == "panel":
+        return cpu_gemm.pack_panels(weight)
+    if name == "onednn":
+        return torch.ops.mkldnn._reorder_linear_weight(weight, BATCH_HINT)
+    return None
+
+
+def _timers(names: list[str], n: int, k: int, dtype: torch.dtype, rows: int) -> dict[str, Callable[[], object]]:
+    """One call per sample, each on the next of enough weight copies to leave the cache (decode rows;
+    as in a step, where every layer has its own weights) or on one copy (prompt rows). Short samples:
+    on a busy host the best of many short ones is far likelier to be clean than of a few long ones."""
+    copies = max(1, min(8, WARM_BYTES // (n * k * dtype.itemsize))) if rows <= 64 else 1
+    weights = [torch.randn(n, k).to(dtype) for _ in range(copies)]
+    x = torch.randn(rows, k).to(dtype)
+    out = {}
+    for name in names:
+        plans = [LinearPlan((), (name,), {name: _pack_as(name, w)}) for w in weights]
+        turn = itertools.cycle(list(zip(weights, plans, strict=True)))
+        out[name] = lambda turn=turn: linear(x, *next(turn))
+    return out
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, packed: Packed | None,
            bias: torch.Tensor | None = None) -> torch.Tensor:  # (T, K) -> (T, N)
     if packed is None:
         return F.linear(x, weight, bias)
-    if isinstance(packed, cpu_gemm.PanelWeight):
+    impl = packed.impl_for(x.shape[0])
+    if impl == "panel" and x.dtype == torch.float32:
         native = cpu_gemm.load()
-        assert native is not None  # a PanelWeight exists only where the kernel loaded
-        return native.linear(x, packed, bias)
-    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, bias, "none", [], "")
+        assert native is not None  # a panel plan exists only where the kernel loaded
+        return native.linear(x, packed.packed["panel"], bias)  # type: ignore[arg-type]
+    if impl == "onednn" and x.dtype == weight.dtype:
+        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed.packed["onednn"], bias, "none", [], "")
+    return F.linear(x, weight, bias)

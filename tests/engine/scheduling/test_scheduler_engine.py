@@ -43,7 +43,7 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 def make_core(model: str, num_blocks: int, num_cpu_blocks: int = 64, **sched: object) -> EngineCore:
     config = EngineConfig(
-        model=ModelConfig(model=model),
+        model=ModelConfig(model=model, dtype="float32"),
         cache=CacheConfig(block_size=4, num_device_blocks=num_blocks, num_cpu_blocks=num_cpu_blocks),
         scheduler=SchedulerConfig(**({"max_num_seqs": 8, "max_num_batched_tokens": 64} | sched)),  # type: ignore[arg-type]
     )

@@ -13,6 +13,7 @@ import torch
 from engine.outputs import ScheduledChunk
 from engine.worker.decode_graphs import DecodeGraphs, StaticDecodeInputs, bucket_sizes, pick_bucket
 from engine.worker.input_batch import build_step_inputs, order_chunks
+from engine.worker.layers.attention import KernelPagedAttention
 from shared.sampling import SamplingParams
 
 BLOCK_SIZE = 4
@@ -39,7 +40,7 @@ def test_fill_copies_real_rows_and_pads_the_rest() -> None:
     static = StaticDecodeInputs.allocate(8, width=6, max_seq_len=24, device=torch.device("cpu"))
     static.meta.slot_mapping.fill_(99)  # stale values from an earlier, larger step
     static.meta.seq_lens.fill_(99)
-    inputs = build_step_inputs(order_chunks(decodes([5, 9, 2])), BLOCK_SIZE, torch.device("cpu"), plan=False)
+    inputs = build_step_inputs(order_chunks(decodes([5, 9, 2])), BLOCK_SIZE, torch.device("cpu"), KernelPagedAttention(backend=None))
     assert static.fill(inputs) == 3
     assert static.input_ids.tolist() == inputs.input_ids.tolist() + [0] * 5
     assert static.positions.tolist() == inputs.positions.tolist() + [0] * 5
@@ -50,5 +51,5 @@ def test_fill_copies_real_rows_and_pads_the_rest() -> None:
 
 
 def test_no_graph_means_eager() -> None:
-    inputs = build_step_inputs(order_chunks(decodes([5])), BLOCK_SIZE, torch.device("cpu"), plan=False)
+    inputs = build_step_inputs(order_chunks(decodes([5])), BLOCK_SIZE, torch.device("cpu"), KernelPagedAttention(backend=None))
     assert DecodeGraphs(None, [], None).forward(inputs) is None  # type: ignore[arg-type]

@@ -20,6 +20,7 @@ from engine.llm import LLM
 from engine.outputs import ScheduledChunk, SchedulerOutput
 from engine.worker.input_batch import build_step_inputs, order_chunks
 from engine.worker.kv_cache import CacheLayout, KVCache
+from engine.worker.layers.attention import KernelPagedAttention
 from engine.worker.model_loader import load_model
 from engine.worker.model_runner import ModelRunner
 from engine.worker.sampler import SamplerOutput
@@ -46,7 +47,7 @@ def tensors_of(obj: object) -> dict[str, torch.Tensor]:
 
 
 def test_step_inputs_are_built_on_the_device() -> None:
-    inputs = build_step_inputs(order_chunks(chunks()), BLOCK_SIZE, META, plan=False)
+    inputs = build_step_inputs(order_chunks(chunks()), BLOCK_SIZE, META, KernelPagedAttention(backend=None))
     found = {**tensors_of(inputs), **tensors_of(inputs.meta)}
     assert set(found) == {"input_ids", "positions", "logits_indices", "slot_mapping", "query_start_loc",
                           "seq_lens", "block_tables"}
@@ -93,7 +94,7 @@ def tiny_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_a_runner_step_stays_on_the_device(tiny_folder: Path) -> None:
-    loaded = load_model(ModelConfig(model=str(tiny_folder), device="meta"))
+    loaded = load_model(ModelConfig(model=str(tiny_folder), device="meta", dtype="float32"))
     assert {p.device for p in loaded.model.parameters()} == {META}
     s = loaded.shape
     layout = CacheLayout(BLOCK_SIZE, 16, 4, s.num_layers, s.num_kv_heads, s.head_dim, torch.float32)

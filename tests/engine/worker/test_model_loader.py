@@ -10,6 +10,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
+from engine.worker import model_loader
 from engine.config import ModelConfig
 from engine.worker.model_loader import load_model
 from engine.worker.models.llama import ModelConfigError
@@ -78,3 +79,21 @@ def test_half_dtype_without_cpu_support_is_warned(tmp_path: Path, monkeypatch: p
     assert len(messages) == int(warned)
     if warned:
         assert dtype in messages[0] and "--dtype float32" in messages[0]
+
+
+@pytest.mark.parametrize(("bf16_hardware", "device", "want"), [
+    (True, "cpu", "bfloat16"), (False, "cpu", "float32"), (False, "cuda", "bfloat16"),
+])
+def test_auto_dtype_is_bfloat16_only_with_hardware_for_it(bf16_hardware: bool, device: str, want: str,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(model_loader, "has_bf16_hardware", lambda: bf16_hardware)
+    assert model_loader.resolve_dtype("auto", device) == want
+    assert model_loader.resolve_dtype("float32", device) == "float32"  # an explicit dtype is kept
+
+
+def test_auto_is_the_default_and_resolved_at_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(model_loader, "has_bf16_hardware", lambda: False)
+    folder = tiny_llama_folder(tmp_path, num_layers=1)
+    loaded = load_model(ModelConfig(str(folder)))
+    assert ModelConfig().dtype == "auto" and loaded.dtype == "float32"
+    assert loaded.model.embed.dtype == torch.float32

@@ -1,12 +1,9 @@
-"""C source shared by several CPU kernels, spliced into their SOURCE strings.
+/* exp8: exp of eight floats at once (AVX2 + FMA), shared by the decode and prefill attention kernels. */
+#ifndef PAGESERVE_EXP8_AVX2_H
+#define PAGESERVE_EXP8_AVX2_H
 
-Each snippet needs <immintrin.h> and AVX2+FMA; include it where the kernel has them.
-"""
+#include <immintrin.h>
 
-from __future__ import annotations
-
-# exp of eight floats at once, for x <= 0 (max-subtracted softmax scores)
-EXP8_AVX2 = r"""
 /* exp for x <= 0 (max-subtracted scores): Cephes' polynomial, relative error ~1e-7. */
 static inline __attribute__((always_inline)) __m256 exp8(__m256 x) {
     x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
@@ -23,4 +20,5 @@ static inline __attribute__((always_inline)) __m256 exp8(__m256 x) {
     __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
 }
-"""
+
+#endif

@@ -1,0 +1,61 @@
+"""engine/worker/layers/linear.py: per row bucket plans from measured choices, forced paths, one result."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.worker.layers import linear
+from pageserve_kernels import choice
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(choice, "_path", lambda: tmp_path / "choices.json")  # the compiled kernels stay cached
+    monkeypatch.setattr(linear, "_PLANS", {})
+
+
+def test_a_bucket_leaves_the_main_path_only_for_a_real_gain() -> None:
+    picks = ["panel", "panel", "onednn", "onednn", "onednn", "onednn"]
+    timed = {1: {"panel": 1.0, "onednn": 1.05}, 4: {"panel": 1.0, "onednn": 1.5},
+             16: {"panel": 1.0, "onednn": 0.5}, 64: {"panel": 1.0, "onednn": 0.5},
+             256: {"panel": 1.0, "onednn": 0.5}, 2048: {"panel": 1.0, "onednn": 0.5}}
+    # onednn is the main path; panel wins bucket 4 by 1.5x (kept) and bucket 1 by 5% (not worth a copy)
+    assert linear._with_hysteresis(picks, timed) == ("onednn", "panel", "onednn", "onednn", "onednn", "onednn")
+
+
+def test_row_counts_map_to_the_nearest_timed_bucket() -> None:
+    plan = linear.LinearPlan(linear._upper_rows(), ("a", "b", "c", "d", "e", "f"), {})
+    assert [plan.impl_for(m) for m in (1, 2, 3, 8, 9, 31, 33, 128, 129, 724, 725, 100000)] == list("aabbccddeeff")
+
+
+@pytest.mark.parametrize("impl", linear.candidates(torch.float32))
+def test_a_forced_path_is_used_and_agrees_with_f_linear(impl: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(choice.FORCE_ENV, f"linear={impl}")
+    weight, bias = torch.randn(40, 24), torch.randn(40)
+    plan = linear.pack(weight)
+    assert plan is not None and set(plan.impls) == {impl} and set(plan.packed) == {impl}
+    for rows in (1, 7, 300):
+        x = torch.randn(rows, 24)
+        torch.testing.assert_close(linear.linear(x, weight, plan, bias), F.linear(x, weight, bias))
+
+
+def test_measured_plans_are_made_once_per_shape_and_cached(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+    real = choice.choose
+
+    def counting(kind, key, names, timers, *a):  # noqa: ANN001, ANN202
+        calls.append(key)
+        return real(kind, key, names, timers, *a)
+
+    monkeypatch.setattr(choice, "choose", counting)
+    weight = torch.randn(32, 16)
+    first = linear.pack(weight)
+    linear.pack(torch.randn(32, 16))
+    assert first is not None and len(calls) == len(linear.ROW_BUCKETS)
+    assert all(impl in linear.candidates(torch.float32) for impl in first.impls)
+    x = torch.randn(5, 16)
+    torch.testing.assert_close(linear.linear(x, weight, first), F.linear(x, weight))
