@@ -10,7 +10,7 @@ import importlib
 import sys
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "engine": ("engine.serving.server", "run the engine process (owns the model and the KV cache)"),
+    "engine": ("engine.serving.main", "run the engine process (owns the model and the KV cache)"),
     "gateway": ("gateway.server", "run the OpenAI-compatible HTTP gateway"),
     "up": ("ops.launcher", "start redis, engine and gateway locally and print a demo key"),
     "admin": ("ops.admin", "manage tenants, keys, quotas and usage in Redis"),

@@ -17,7 +17,7 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 
 
 def tables() -> dict[str, str]:
-    from engine.serving.server import build_parser as engine_parser
+    from engine.serving.main import build_parser as engine_parser
     from gateway.server import build_parser as gateway_parser
 
     # An empty environment: the table shows defaults, whatever this shell has set.

@@ -136,7 +136,7 @@ def env_file(component: str) -> str:
     from shared.cli_env import ENV_ATTR
 
     if component == "engine":
-        from engine.serving.server import build_parser
+        from engine.serving.main import build_parser
     else:
         from gateway.server import build_parser  # type: ignore[assignment]
     parser = build_parser({})

@@ -5,7 +5,7 @@ not every op on every CPU (measured on an AVX-512 Xeon: bfloat16 SiLU-and-mul ab
 with PyTorch at 64 rows, add+RMSNorm 2.7x faster). The first call of an op for a dtype and
 width times both on 64 rows of that width through pageserve_kernels/choice.py (cached on disk per
 host, `PAGESERVE_KERNEL_CHOICE=fused_<op>=c|torch` forces one); later calls look up a dict.
-Imports the references lazily: pageserve_kernels/fused_ops.py imports this module.
+Times the C kernels against pageserve_kernels/fused_reference.py (fused_ops.py imports this module).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def native_wins(op: str, native: object, x: torch.Tensor) -> bool:
 
 
 def _timers(op: str, native: object, dtype: torch.dtype, tail: tuple[int, ...]) -> dict[str, Callable[[], object]]:
-    from pageserve_kernels import fused_ops as f
+    from pageserve_kernels import fused_reference as f
 
     def rand(*shape: int) -> torch.Tensor:
         return torch.randn(*shape).to(dtype)

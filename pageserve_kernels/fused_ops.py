@@ -1,7 +1,7 @@
 """The layers' elementwise ops: the C kernels (pageserve_kernels/cpu_fused.py, float32; pageserve_kernels/cpu_fused_bf16.py,
 bfloat16) where they apply, else PyTorch.
 
-Each op has its PyTorch reference here (`*_reference`): the fallback for other
+Each op has its PyTorch reference (`*_reference`, pageserve_kernels/fused_reference.py): the fallback for other
 dtypes and devices, without a compiler or with PAGESERVE_NATIVE_KERNELS=0, and
 what the tests compare the kernels with. The C path gives the same float32
 results as the references (bit for bit on AVX2; see pageserve_kernels/cpu_fused.py).
@@ -14,11 +14,16 @@ tensors and never read the inputs again.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from pageserve_kernels import cpu_fused, cpu_fused_bf16, fused_choice
 from pageserve_kernels.cpu_fused import NativeFused
 from pageserve_kernels.cpu_fused_bf16 import NativeFusedBf16
+from pageserve_kernels.fused_reference import (  # re-exported: the layers' fallback, the tests' yardstick
+    fused_add_rms_norm_reference,
+    rms_norm_reference,
+    rotary_reference,
+    silu_and_mul_reference,
+)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:  # (T, H) -> (T, H)
@@ -61,34 +66,6 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor:  # (N, V) -> (N,) int64
     if not isinstance(native, NativeFused) or x.dim() != 2 or x.stride(1) != 1 or x.shape[1] == 0:
         return x.argmax(-1)
     return native.argmax(x)
-
-
-def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    if x.dtype == torch.float32:
-        return F.rms_norm(x, weight.shape, weight, eps)
-    # Half precision: normalise in float32, round, then scale (what HF does, so outputs match).
-    x32 = x.float()
-    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * x32.to(x.dtype)
-
-
-def fused_add_rms_norm_reference(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    residual = residual + x
-    return rms_norm_reference(residual, weight, eps), residual
-
-
-def silu_and_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:
-    i = gate_up.shape[-1] // 2
-    return F.silu(gate_up[..., :i]) * gate_up[..., i:]
-
-
-def rotary_reference(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
-    """x * [cos | cos] + [x2 | x1] * [-sin | sin]; returns a new contiguous tensor."""
-    half = x.shape[-1] // 2
-    swapped = torch.cat((x[..., half:], x[..., :half]), dim=-1)  # [x2 | x1]
-    return x * cos + swapped * sin_signed
 
 
 def _native(x: torch.Tensor, op: str) -> NativeFused | NativeFusedBf16 | None:

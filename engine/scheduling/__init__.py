@@ -15,4 +15,18 @@ tested fast on any machine. It sees requests as token counts and block ids, neve
     config.py           SchedulerConfig (the knobs) and SchedulerStats (what it reports)
     counters.py         running totals behind SchedulerStats
     checks.py           the invariant check tests run after every step (a public Placement view)
+
+A step, in order:
+  0. (priority policy) an urgent waiting request that cannot fit may preempt running
+     requests at least `preemption_priority_gap` levels less urgent;
+  1. running requests, most urgent first; when one cannot get blocks, the least
+     urgent / cheapest unscheduled request is preempted (swap or recompute);
+  2. queued requests: swapped ones (resumed above a free-block watermark) before
+     waiting ones of equal or lower urgency; waiting ones in FairQueue order. Skipped
+     when step 1 preempted (anti-thrash).
+
+The runner applies a step's block moves before the forward pass, the swap-out first
+(or reading every source before writing): a block freed by a swap-out may be the
+destination of a copy or a swap-in of the same step. Copies and swap-ins never touch
+each other's blocks (copy sources stay held until the next step).
 """

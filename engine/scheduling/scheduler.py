@@ -9,19 +9,7 @@ step compute it once. `update` appends the sampled token, forks n > 1 samples an
 finishes requests. A finished request's seat is refilled by the very next `schedule()`.
 Priorities: a lower value is more urgent (vLLM's convention).
 
-A step, in order:
-  0. (priority policy) an urgent waiting request that cannot fit may preempt running
-     requests at least `preemption_priority_gap` levels less urgent;
-  1. running requests, most urgent first; when one cannot get blocks, the least
-     urgent / cheapest unscheduled request is preempted (swap or recompute);
-  2. queued requests: swapped ones (resumed above a free-block watermark) before
-     waiting ones of equal or lower urgency; waiting ones in FairQueue order. Skipped
-     when step 1 preempted (anti-thrash).
-
-The runner applies a step's block moves before the forward pass, the swap-out first
-(or reading every source before writing): a block freed by a swap-out may be the
-destination of a copy or a swap-in of the same step. Copies and swap-ins never touch
-each other's blocks (copy sources stay held until the next step).
+The order of a step and of its block moves: engine/scheduling/__init__.py.
 
 Pure Python: no torch, no zmq. Knows nothing of tensors or text.
 """
@@ -41,7 +29,7 @@ from engine.scheduling.fair_queue import FairQueue, aged_level
 from engine.scheduling.preemption import pick_victim, plan_room, preempt_kind, victim_order
 from engine.scheduling.request_checks import RequestRejected, validate_request
 from engine.scheduling.sample_group import SampleGroup, SampleState, make_delta, sample_ids, split_samples
-from engine.scheduling.step_builder import StepBuilder
+from engine.scheduling.step_builder import StepBuilder, serving_prefill_budget
 from engine.scheduling.stop_conditions import finish_status
 
 __all__ = ["RequestRejected", "Scheduler", "SchedulerConfig", "SchedulerStats"]
@@ -127,7 +115,8 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         now = self._clock()
         self.bm.end_step()
-        step = StepBuilder(budget=self.config.max_num_batched_tokens, prefill_budget=self._prefill_budget())
+        step = StepBuilder(budget=self.config.max_num_batched_tokens, chunk_cap=self.config.long_prefill_token_threshold,
+                           prefill_budget=serving_prefill_budget(self.config, self.running))
         if self.config.policy == "priority":
             self._preempt_for_urgent(now, step)
         if not self._schedule_running(step):
@@ -257,16 +246,7 @@ class Scheduler:
         budget is spent (the request has tokens left and the step budget room)."""
         left = req.num_tokens - req.num_computed_tokens - num_cached
         assert left > 0 and step.budget > 0, f"{req.request_id} has nothing to compute"
-        if self.config.long_prefill_token_threshold:
-            left = min(left, self.config.long_prefill_token_threshold)
         return step.room(req, left, num_cached)
-
-    def _prefill_budget(self) -> int | None:
-        """The serving mode's prompt-token bound for this step: set while any stream generates."""
-        cap = self.config.max_prefill_tokens_while_decoding
-        if cap and any(r.num_computed_tokens >= r.num_prompt_tokens for r in self.running):
-            return cap
-        return None
 
     # -- preemption ----------------------------------------------------------------------
 
@@ -320,8 +300,6 @@ class Scheduler:
         """(blocks, seats) preempting `victim` makes available, its own growth included."""
         growth = self.bm.blocks_for(victim.num_tokens) - self.bm.num_held(victim)
         return self.bm.num_reclaimable(victim) + growth, 1 + self._pending_count(victim)
-
-    # -- seats, order, finishing ---------------------------------------------------------
 
     def _pending_count(self, req: Request) -> int:
         state = self._live[req.request_id]

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from engine.outputs import ScheduledChunk, SchedulerOutput
 from engine.request import Request
 from engine.scheduling.block_manager import BlockPairs
+from engine.scheduling.config import SchedulerConfig
 
 
 @dataclass
@@ -21,6 +22,8 @@ class StepBuilder:
     prefill_budget: int | None = None
     """Prompt tokens this step may still compute (None: only `budget` limits them); the serving
     mode's bound on how long a prompt step stalls the streams that are generating."""
+    chunk_cap: int = 0
+    """Most tokens of one request per step (long_prefill_token_threshold; 0: no cap)."""
     chunks: list[ScheduledChunk] = field(default_factory=list)
     swap_out: BlockPairs = field(default_factory=list)
     swap_in: BlockPairs = field(default_factory=list)
@@ -29,7 +32,7 @@ class StepBuilder:
     def room(self, req: Request, wanted: int, num_cached: int = 0) -> int:
         """How many of `wanted` next tokens of `req` (after `num_cached` prefix-cache hits) fit this
         step (0: none). Prompt tokens count against the prefill budget as well as `budget`."""
-        num_new = min(wanted, self.budget)
+        num_new = min(wanted, self.budget, self.chunk_cap or wanted)
         prompt_left = req.num_prompt_tokens - req.num_computed_tokens - num_cached
         if self.prefill_budget is not None and prompt_left > 0:
             num_new = min(num_new, self.prefill_budget)
@@ -71,3 +74,11 @@ class StepBuilder:
             blocks_to_copy=self.copies,
             finished_request_ids=finished_request_ids,
         )
+
+
+def serving_prefill_budget(config: SchedulerConfig, running: list[Request]) -> int | None:
+    """The serving mode's prompt-token bound for a step: set while any running stream generates."""
+    cap = config.max_prefill_tokens_while_decoding
+    if cap and any(r.num_computed_tokens >= r.num_prompt_tokens for r in running):
+        return cap
+    return None

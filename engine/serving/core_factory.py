@@ -3,7 +3,7 @@
 The one place where command-line values become frozen config objects (each
 component gets its own part), and where the loaded core's derived facts become
 the EngineInfo the server announces in Ready. Importing this module imports
-torch; engine/serving/server.py imports it only inside main().
+torch; engine/serving/main.py imports it only inside main().
 """
 
 from __future__ import annotations

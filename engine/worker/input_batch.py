@@ -20,7 +20,7 @@ import torch
 
 from engine.outputs import ScheduledChunk
 from engine.worker.layers.attention import AttentionMetadata, PagedAttentionOp
-from pageserve_kernels.cpu_attention import compute_slot_mapping
+from pageserve_kernels.cpu_attention_plan import compute_slot_mapping
 
 
 @dataclass(frozen=True)

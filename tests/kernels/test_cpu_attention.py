@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from pageserve_kernels import cpu_attention as ca
+from pageserve_kernels import cpu_attention_plan as cap
 from pageserve_kernels import cpu_decode, cpu_prefill
 from pageserve_kernels import reference as ref
 
@@ -112,15 +113,15 @@ def test_write_kv_matches_reference_and_skips_padding() -> None:
 
 def test_slot_mapping_crosses_block_boundaries() -> None:
     # request 0: positions 3..7 of table [4, 1] (block 4, then block 1); request 1: position 5 of [2, 0]
-    assert ca.compute_slot_mapping([5, 1], [8, 6], [[4, 1], [2, 0]], 4) == [19, 4, 5, 6, 7, 1]
+    assert cap.compute_slot_mapping([5, 1], [8, 6], [[4, 1], [2, 0]], 4) == [19, 4, 5, 6, 7, 1]
 
 
 def test_decode_bucketing_groups_similar_lengths() -> None:
     blocks = [40, 39, 38, 3, 2, 2, 1]
-    groups = ca._bucket(blocks, list(range(7)))
+    groups = cap._bucket(blocks, list(range(7)))
     assert sorted(sum(groups, [])) == list(range(7))
     assert [0, 1, 2] in groups  # long ones together, short ones not padded to 40 blocks
-    assert len(groups) <= ca.MAX_DECODE_GROUPS
+    assert len(groups) <= cap.MAX_DECODE_GROUPS
 
 
 def test_native_decode_reads_strided_queries_and_wide_groups(decode_path: str) -> None:

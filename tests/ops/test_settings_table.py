@@ -72,7 +72,7 @@ def test_an_out_of_range_value_stops_start_up_naming_the_flag(argv: list[str], f
 
 
 def test_engine_flags_have_twins_and_bad_values_name_them(capsys: pytest.CaptureFixture[str]) -> None:
-    from engine.serving.server import build_parser as engine_parser
+    from engine.serving.main import build_parser as engine_parser
 
     args = engine_parser({"PAGESERVE_MODEL": "/m", "PAGESERVE_ENGINE_KV_CACHE_MEMORY": "3.5",
                           "PAGESERVE_ENGINE_NO_PREFIX_CACHING": "true", "PAGESERVE_ENGINE_DTYPE": "bfloat16"}).parse_args([])

@@ -84,7 +84,7 @@ def test_back_off_only_where_systemd_has_it() -> None:
 
 
 def test_env_files_list_every_setting_and_are_kept(root: Path) -> None:
-    from engine.serving.server import build_parser as engine_parser
+    from engine.serving.main import build_parser as engine_parser
     from gateway.server import build_parser as gateway_parser
 
     for name, parser in (("engine", engine_parser({})), ("gateway", gateway_parser({}))):

@@ -6,7 +6,7 @@ import pytest
 
 from engine.config import GiB
 from engine.serving.core_factory import engine_config
-from engine.serving.server import build_parser
+from engine.serving.main import build_parser
 
 
 def test_flags_map_onto_each_components_config() -> None:

@@ -358,7 +358,7 @@ def test_an_ipc_address_works_and_its_socket_file_goes_away(ctx: zmq.Context, tm
 def test_main_refuses_a_taken_or_malformed_address_before_loading_anything(
     ctx: zmq.Context, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from engine.serving.server import main
+    from engine.serving.main import main
 
     taken = ctx.socket(zmq.ROUTER)
     taken.bind("tcp://127.0.0.1:*")

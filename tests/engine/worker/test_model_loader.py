@@ -10,8 +10,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
-from engine.worker import model_loader
 from engine.config import ModelConfig
+from engine.worker import model_loader
 from engine.worker.model_loader import load_model
 from engine.worker.models.llama import ModelConfigError
 from shared.sampling import SamplingParams

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.serving.server import build_parser
+from engine.serving.main import build_parser
 from engine.worker.sampling_defaults import SamplingDefaultsError, resolve_sampling_defaults
 
 

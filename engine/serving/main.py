@@ -1,0 +1,117 @@
+"""`pageserve engine`: flags (each with a PAGESERVE_ENGINE_* twin) -> a loaded core -> the server loop.
+
+The process entry point, kept apart from the loop (engine/serving/server.py) so that the loop's module
+knows nothing of flags, and the core factory (which imports torch) loads only once the listen address
+is known to be free.
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import logging
+import signal
+import sys
+from collections.abc import Mapping
+
+import zmq
+
+from engine.serving.announce import add_announce_args, announced
+from engine.serving.server import EngineServer, ServerConfig
+from shared.cli_env import add_env_twins
+
+log = logging.getLogger("pageserve.engine")
+
+# Serving default of --max-prefill-while-decoding: a prompt step of 256 tokens costs a few
+# decode steps on 2 cores (the full 2,048-token budget stalled every stream for ~1 s).
+SERVING_PREFILL_BUDGET = 256
+
+
+def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
+    """The engine's flags; `environ` (default os.environ) supplies their PAGESERVE_* twins."""
+    p = argparse.ArgumentParser(prog="pageserve engine", description="Run the engine process.")
+    p.add_argument("--model", default="smollm2", help="short name or local Hugging Face folder")
+    p.add_argument("--listen", default="tcp://127.0.0.1:5555", help="tcp://HOST:PORT or ipc:///PATH")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="auto: bfloat16 on a GPU or a CPU with AVX512-BF16/AMX, else float32")
+    p.add_argument("--max-model-len", type=int, default=None, help="default: the smaller of the model's context and 2048 (SchedulerConfig.max_model_len)")
+    p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    p.add_argument("--kv-cache-memory", type=float, default=2.0, help="GiB for the device KV pool")
+    p.add_argument("--swap-space", type=float, default=0.5, help="GiB for the CPU swap pool")
+    p.add_argument("--num-blocks", type=int, default=None, help="force the device block count")
+    p.add_argument("--max-num-seqs", type=int, default=64, help="most requests running at once")
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget per step")
+    p.add_argument("--max-prefill-while-decoding", type=int, default=SERVING_PREFILL_BUDGET,
+                   help="prompt tokens a step may compute while streams are generating: bounds the stall a "
+                        "new prompt causes them (0: only the step budget)")
+    p.add_argument("--no-prefix-caching", action="store_true", help="never reuse KV blocks of equal prompt prefixes")
+    p.add_argument("--policy", default="priority", choices=["priority", "fcfs"],
+                   help="admission order: (aged) priority then fair share, or arrival only")
+    p.add_argument("--preemption-mode", default="auto", choices=["auto", "swap", "recompute"],
+                   help="what a preempted request's KV becomes: swapped to CPU, dropped, or chosen per victim")
+    p.add_argument("--preemption-priority-gap", type=int, default=1,
+                   help="levels more urgent a waiting request must be to preempt a running one")
+    p.add_argument("--aging-rate", type=float, default=0.1, help="priority levels gained per second waited")
+    p.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"],
+                   help="attention kernels: Triton on a GPU, our C/torch path on a CPU (auto picks)")
+    p.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:1 ...")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--shutdown-grace", type=float, default=5.0, help="seconds in-flight requests get on SIGTERM")
+    p.add_argument("--request-deadline", type=float, default=None,
+                   help="seconds a request may stay in flight before it is aborted (request_deadline_s; default: none)")
+    p.add_argument("--curve-dir", default=None,
+                   help="ZeroMQ CURVE key folder (pageserve curve-keys): authenticate and encrypt the socket")
+    p.add_argument("--log-level", default="INFO", help="CRITICAL, ERROR, WARNING, INFO or DEBUG")
+    add_announce_args(p)
+    p.add_argument("--default-sampling", default=None, metavar="JSON",
+                   help="sampling defaults for fields a request leaves out, over the model's generation_config.json,"
+                        " e.g. '{\"temperature\": 0.7, \"top_p\": 0.9}'")
+    add_env_twins(p, ENV_PREFIX, ENV_NAMES, environ)  # every flag also reads PAGESERVE_ENGINE_<FLAG> (shared/cli_env.py)
+    return p
+
+
+ENV_PREFIX = "PAGESERVE_ENGINE_"
+ENV_NAMES = {"model": "PAGESERVE_MODEL"}
+"""The model is named the same for the engine and the gateway (they must agree)."""
+
+
+def _exit_during_startup(signum: int, frame: object) -> None:
+    log.info("stopped by signal %d while starting", signum)
+    raise SystemExit(0)
+
+
+def _probe_listen(address: str) -> None:
+    """Raise ValueError if the address cannot be bound (taken, malformed)."""
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    try:
+        sock.bind(address)
+    except zmq.ZMQError as e:
+        raise ValueError(f"cannot listen on {address}: {e}") from None
+    finally:
+        sock.close(linger=0)
+        ctx.term()
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for sig in (signal.SIGTERM, signal.SIGINT):  # nothing admitted yet, nobody to tell: just leave
+        signal.signal(sig, _exit_during_startup)
+    try:
+        _probe_listen(args.listen)  # fail at once, not after torch and the model loaded
+        log.info("loading model %s (%s)", args.model, args.dtype)
+        from engine.serving.core_factory import build_core  # torch and the model load only here
+
+        core, info = build_core(args)
+    except ValueError as e:  # a configuration error: say it plainly, no traceback
+        print(f"pageserve engine: {e}", file=sys.stderr)
+        return 2
+    server = EngineServer(core, info, ServerConfig(listen=args.listen, shutdown_grace_s=args.shutdown_grace,
+                                                   request_deadline_s=args.request_deadline,
+                                                   curve_dir=args.curve_dir))
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: server.request_stop())
+    faulthandler.register(signal.SIGUSR1)  # `kill -USR1 PID` prints every thread's stack: a slow step shows
+    with announced(args, server.address, info):  # in Redis for gateways, when --redis-url is given
+        return server.serve()
