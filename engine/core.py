@@ -29,6 +29,7 @@ from engine.request import Request
 from engine.sampler import Sampler
 from engine.scheduler import Scheduler, SchedulerStats
 from engine.step_stats import CoreCounts
+from engine.structured_outputs import StructuredOutputs
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,9 @@ class EngineCore:
             layout.block_size,
         )
         self.kv_cache = KVCache(layout, config.model.device)
-        self.runner = ModelRunner(loaded.model, self.kv_cache, Sampler(config.seed), config.attention_backend)
+        self.structured = StructuredOutputs(loaded.path, loaded.shape.vocab_size, loaded.eos_token_id)
+        self.runner = ModelRunner(loaded.model, self.kv_cache, Sampler(config.seed), config.attention_backend,
+                                  self.structured)
         self.model_info = ModelInfo(
             name=loaded.name,
             path=loaded.path,
@@ -80,6 +83,8 @@ class EngineCore:
         """Queue a request (raises RequestRejected when it could never run)."""
         if request.eos_token_id is None:  # ignore_eos is honoured by the scheduler's stop rule
             request.eos_token_id = self.model_info.eos_token_id
+        if request.grammar is not None:
+            self.structured.check(request.grammar)
         self.scheduler.add_request(request)
 
     def abort_requests(self, request_ids: Iterable[str]) -> list[RequestDelta]:

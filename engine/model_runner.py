@@ -20,6 +20,7 @@ from engine.layers.attention import KernelPagedAttention, PagedAttentionOp, Torc
 from engine.models.llama import LlamaModel
 from engine.outputs import RunnerOutput, SchedulerOutput
 from engine.sampler import Sampler
+from engine.structured_outputs import StructuredOutputs
 from kernels.cpu_attention import native_decode_available
 
 
@@ -35,10 +36,13 @@ def make_attention(choice: str, device: torch.device) -> tuple[PagedAttentionOp,
 class ModelRunner:
     def __init__(
         self, model: LlamaModel, kv_cache: KVCache, sampler: Sampler, attention_backend: str = "auto",
+        structured: StructuredOutputs | None = None,
     ) -> None:
         self.model = model
         self.kv_cache = kv_cache
         self.sampler = sampler
+        self.structured = structured
+        """Grammar masks of constrained rows, applied right before sampling (None: no request may be constrained)."""
         self.device = kv_cache.device_pool.device
         self.block_size = kv_cache.layout.block_size
         self.attention, self._plan = make_attention(attention_backend, self.device)
@@ -46,6 +50,8 @@ class ModelRunner:
 
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
         self.sampler.forget(out.finished_request_ids)
+        if self.structured is not None:
+            self.structured.forget(out.finished_request_ids)
         self.kv_cache.move_blocks(out.blocks_to_swap_out, out.blocks_to_swap_in, out.blocks_to_copy)
         if not out.chunks:
             return RunnerOutput({})
@@ -57,5 +63,9 @@ class ModelRunner:
             if not inputs.sampled:
                 return RunnerOutput({})
             logits = self.model.compute_logits(hidden[inputs.logits_indices])  # (N, V) float32
+            if self.structured is not None:  # structured outputs: banned tokens of constrained rows -> -inf
+                self.structured.mask(logits, inputs.sampled)
             tokens = self.sampler.sample(logits, inputs.sampled)
+            if self.structured is not None:
+                self.structured.advance(inputs.sampled, tokens)
         return RunnerOutput({c.request_id: t for c, t in zip(inputs.sampled, tokens, strict=True)})

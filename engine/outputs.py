@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from shared.sampling import SamplingParams
+from shared.structured import GrammarSpec
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,8 @@ class ScheduledChunk:
     num_output_tokens: int
     """Tokens generated so far (min_tokens masking, per-request seeded generators)."""
     eos_token_id: int | None = None
+    grammar: GrammarSpec | None = None
+    """The request's structured-output grammar: its sampled rows are masked to it."""
 
 
 @dataclass(frozen=True)

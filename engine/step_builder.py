@@ -42,6 +42,7 @@ class StepBuilder:
                 sampling=req.sampling,
                 num_output_tokens=req.num_output_tokens,
                 eos_token_id=req.eos_token_id,
+                grammar=req.grammar,
             )
         )
         self.copies += copies

@@ -29,6 +29,7 @@ from shared.protocol import (
     encode,
 )
 from shared.sampling import SamplingParams
+from shared.structured import GrammarSpec
 
 SAMPLES: dict[str, Message] = {
     "Hello": Hello(1, "gw-1"),
@@ -52,10 +53,10 @@ GOLDEN_HEX = {
     "Hello": "930101a467772d31",
     "Ready": "970201a7736d6f6c6c6d32cd20001002cd03e8",
     "AddRequest": (
-        "9903a57265712d31930102cd012c89a16e01ab74656d7065726174757265cb0000000000000000a5746f705f70"
+        "9a03a57265712d31930102cd012c89a16e01ab74656d7065726174757265cb0000000000000000a5746f705f70"
         "cb3ff0000000000000a5746f705f6b00a473656564c0aa6d61785f746f6b656e7308aa6d696e5f746f6b656e73"
         "00ae73746f705f746f6b656e5f6964739102aa69676e6f72655f656f73c2ffa461636d65cb41d954fc40100000"
-        "cb4000000000000000a173"
+        "cb4000000000000000a173c0"
     ),
     "Abort": "920492a161a162",
     "StepOutputs": "94059196a57265712d3100922ace000111700302009194a57265712d3100a66c656e6774689303020009",
@@ -67,6 +68,12 @@ GOLDEN_HEX = {
 
 # Frames of earlier versions of a message (before fields were appended): they must still decode.
 OLDER_PEER_HEX = {
+    "AddRequest": (  # before grammar
+        "9903a57265712d31930102cd012c89a16e01ab74656d7065726174757265cb0000000000000000a5746f705f70"
+        "cb3ff0000000000000a5746f705f6b00a473656564c0aa6d61785f746f6b656e7308aa6d696e5f746f6b656e73"
+        "00ae73746f705f746f6b656e5f6964739102aa69676e6f72655f656f73c2ffa461636d65cb41d954fc40100000"
+        "cb4000000000000000a173"
+    ),
     "Error": "9406a57265712d31a772657175657374af70726f6d707420746f6f206c6f6e67",  # before code
     "Stats": "9d080102035a640405060708cb400400000000000001",  # before step_seconds, loop_seconds
 }
@@ -79,6 +86,24 @@ def test_protocol_version_is_one() -> None:
 @pytest.mark.parametrize("name", sorted(SAMPLES))
 def test_golden_bytes(name: str) -> None:
     assert encode(SAMPLES[name]).hex() == GOLDEN_HEX[name]
+
+
+def test_golden_bytes_of_a_request_with_a_grammar() -> None:
+    """The grammar travels as a nested array [kind, value] after cache_salt."""
+    msg = AddRequest("req-2", [5], SamplingParams(max_tokens=4),
+                     grammar=GrammarSpec("json_schema", '{"type":"object"}'))
+    golden = (
+        "9a03a57265712d32910589a16e01ab74656d7065726174757265cb3ff0000000000000a5746f705f70cb3ff0000000000000"
+        "a5746f705f6b00a473656564c0aa6d61785f746f6b656e7304aa6d696e5f746f6b656e7300ae73746f705f746f6b656e5f69"
+        "647390aa69676e6f72655f656f73c200a0cb0000000000000000cb3ff0000000000000a092ab6a736f6e5f736368656d61b1"
+        "7b2274797065223a226f626a656374227d"
+    )
+    assert encode(msg).hex() == golden
+    assert decode(bytes.fromhex(golden)) == msg
+    bad = msgpack.unpackb(bytes.fromhex(golden))
+    bad[-1][0] = "lisp"
+    with pytest.raises(ProtocolError, match="AddRequest.grammar.kind"):
+        decode(msgpack.packb(bad))
 
 
 @pytest.mark.parametrize("name", sorted(OLDER_PEER_HEX))
