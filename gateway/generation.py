@@ -29,6 +29,7 @@ from gateway.stop_strings import StopStringMatcher
 from gateway.tenancy.admission import Ticket
 from shared.protocol import AddRequest, Finished, TokenDelta
 from shared.sampling import SamplingParams
+from shared.structured import GrammarSpec
 
 log = logging.getLogger("pageserve.gateway")
 
@@ -98,6 +99,8 @@ class Generation:
     ticket: Ticket | None = None
     """The request's quota reservation (gateway/tenancy/admission.py), settled by `close`;
     None runs without quotas (unit tests)."""
+    grammar: GrammarSpec | None = None
+    """Structured output the engine constrains every sample to."""
     failed: bool = field(init=False, default=False)
     """The request ended in an error (engine or internal), not by finishing or a client leaving."""
     usage: Usage = field(init=False)
@@ -138,6 +141,7 @@ class Generation:
             arrival_time=self.arrival_time,
             weight=self.caller.weight,
             cache_salt=self.caller.cache_salt,
+            grammar=self.grammar,
         )
         try:
             self._stream = await engine.submit(request)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from gateway.generation import Usage
+from gateway.tool_parser import ArgumentsDelta, Event, ToolCallStart
 
 Endpoint = Literal["chat", "completion"]
 
@@ -50,6 +51,18 @@ class ResponseFormat:
     def text_chunk(self, index: int, text: str) -> dict[str, Any]:
         return self._chunk([self._choice(index, {"content": text} if self.endpoint == "chat" else text, None)])
 
+    def event_chunk(self, index: int, event: Event) -> dict[str, Any]:
+        """A chat chunk for one parsed piece of output: content, a tool call's start, or its argument text."""
+        if isinstance(event, str):
+            return self.text_chunk(index, event)
+        call: dict[str, Any]
+        if isinstance(event, ToolCallStart):
+            call = {"index": event.index, "id": event.id, "type": "function",
+                    "function": {"name": event.name, "arguments": ""}}
+        else:
+            call = {"index": event.index, "function": {"arguments": event.text}}
+        return self._chunk([self._choice(index, {"tool_calls": [call]}, None)])
+
     def finish_chunk(self, index: int, finish_reason: str) -> dict[str, Any]:
         return self._chunk([self._choice(index, {} if self.endpoint == "chat" else "", finish_reason)])
 
@@ -70,19 +83,21 @@ class ResponseFormat:
             chunk["usage"] = None
         return chunk
 
-    def _choice(self, index: int, content: dict[str, str] | str, finish_reason: str | None) -> dict[str, Any]:
+    def _choice(self, index: int, content: dict[str, Any] | str, finish_reason: str | None) -> dict[str, Any]:
         if self.endpoint == "chat":
             return {"index": index, "delta": content, "logprobs": None, "finish_reason": finish_reason}
         return {"index": index, "text": content, "logprobs": None, "finish_reason": finish_reason}
 
     # ------------------------------------------------------------------ whole response
 
-    def response(self, texts: list[str], finish_reasons: list[str], usage: Usage) -> dict[str, Any]:
+    def response(self, texts: list[str], finish_reasons: list[str], usage: Usage,
+                 events: list[list[Event]] | None = None) -> dict[str, Any]:
+        """`events`: per choice, its parsed output (content and tool calls) when the request offered tools."""
         if self.endpoint == "chat":
             choices = [
                 {
                     "index": i,
-                    "message": {"role": "assistant", "content": text},
+                    "message": {"role": "assistant", "content": text} if events is None else _message(events[i]),
                     "logprobs": None,
                     "finish_reason": reason,
                 }
@@ -101,3 +116,18 @@ class ResponseFormat:
             "choices": choices,
             "usage": usage_body(usage),
         }
+
+
+def _message(events: list[Event]) -> dict[str, Any]:
+    """An assistant message from parsed output: content (None when empty) and tool_calls when any."""
+    content = "".join(e for e in events if isinstance(e, str))
+    calls: list[dict[str, Any]] = []
+    for e in events:
+        if isinstance(e, ToolCallStart):
+            calls.append({"id": e.id, "type": "function", "function": {"name": e.name, "arguments": ""}})
+        elif isinstance(e, ArgumentsDelta):
+            calls[e.index]["function"]["arguments"] += e.text
+    message: dict[str, Any] = {"role": "assistant", "content": content or (None if calls else "")}
+    if calls:
+        message["tool_calls"] = calls
+    return message

@@ -32,7 +32,7 @@ async def chat_completions(request: Request) -> ASGIApp:
     async with key_checked_first(request, key, state.store):
         chat = parse_chat(parse_json(await read_body(request, state.config.max_body_bytes)))
         _check_model(state, chat.settings)
-        prompt = PromptInput(await state.prompts.chat(chat.messages), param="messages")
+        prompt = PromptInput(await state.prompts.chat(chat.messages, chat.tools), param="messages")
         checked = plan(state, "chat", chat.settings, prompt)
     return await serve(request, state, checked, key)
 

@@ -9,6 +9,7 @@ tokenizers, the engine or tenants: limits that need the tokenizer or the model
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from dataclasses import dataclass
@@ -17,7 +18,10 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gateway.errors import InvalidRequest
+from gateway.response_format import STRUCTURED_FIELDS, grammar_from_body
+from gateway.tools import ToolPlan, plan_tools
 from shared.sampling import SamplingError, SamplingParams
+from shared.structured import GrammarSpec
 
 INFORMATIONAL_FIELDS = frozenset({"user", "metadata", "store", "service_tier"})
 """Accepted and ignored: they change nothing about the generated tokens."""
@@ -53,6 +57,13 @@ class _Body(BaseModel):
     min_tokens: int | None = None
     ignore_eos: bool | None = None
     stop_token_ids: list[int] | None = None
+    # Structured outputs (gateway/response_format.py checks their insides and names the bad field).
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
 
 class StreamOptions(BaseModel):
@@ -66,16 +77,37 @@ class TextPart(BaseModel):
     text: str
 
 
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    name: str
+    arguments: str
+
+
+class ToolCall(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    """An assistant turn that called tools."""
+    tool_call_id: str | None = None
+    """A tool turn: the call it answers."""
 
 
 class _ChatBody(_Body):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
+    tools: list[Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    """Accepted; a forced call is one call, an auto one is what the model writes."""
 
 
 class _CompletionBody(_Body):
@@ -98,13 +130,19 @@ class GenerationSettings:
     include_usage: bool
     max_param: str = "max_tokens"
     """The body field max_tokens came from ("max_tokens" or "max_completion_tokens"), for errors."""
+    grammar: GrammarSpec | None = None
+    """Structured output (response_format, guided_*, or a forced tool call) for the engine."""
+    parse_tool_calls: bool = False
+    """The request offered tools (tool_choice not "none"): the output's tool calls become tool_calls."""
 
 
 @dataclass(frozen=True)
 class ChatRequest:
     settings: GenerationSettings
-    messages: list[dict[str, str]]
-    """[{"role", "content"}] with content flattened to text, ready for the chat template."""
+    messages: list[dict[str, Any]]
+    """[{"role", "content"}] with content flattened to text (plus tool_calls / tool_call_id where
+    given), ready for the chat template."""
+    tools: ToolPlan | None = None
 
 
 @dataclass(frozen=True)
@@ -127,13 +165,35 @@ def parse_json(raw: bytes) -> dict[str, Any]:
 
 def parse_chat(body: dict[str, Any]) -> ChatRequest:
     parsed = _validate(_ChatBody, body)
-    messages = [
-        {"role": m.role, "content": m.content if isinstance(m.content, str) else "".join(p.text for p in m.content)}
-        for m in parsed.messages
-    ]
+    messages = [_chat_message(m, i) for i, m in enumerate(parsed.messages)]
     max_tokens = parsed.max_completion_tokens if parsed.max_completion_tokens is not None else parsed.max_tokens
     param = "max_completion_tokens" if parsed.max_completion_tokens is not None else "max_tokens"
-    return ChatRequest(_settings(parsed, max_tokens, param), messages)
+    settings = _settings(parsed, max_tokens, param)
+    tools = plan_tools(parsed.tools, parsed.tool_choice)
+    if tools is not None and tools.grammar is not None:
+        if settings.grammar is not None:
+            raise InvalidRequest("a forced tool call cannot be combined with a structured output format",
+                                 param="tool_choice")
+        settings = dataclasses.replace(settings, grammar=tools.grammar)
+    if tools is not None and tools.parse_calls:
+        settings = dataclasses.replace(settings, parse_tool_calls=True)
+    return ChatRequest(settings, messages, tools)
+
+
+def _chat_message(m: ChatMessage, i: int) -> dict[str, Any]:
+    text = m.content if isinstance(m.content, str) or m.content is None else "".join(p.text for p in m.content)
+    if m.role == "tool" and not m.tool_call_id:
+        raise InvalidRequest("a tool message needs the tool_call_id it answers", param=f"messages[{i}].tool_call_id")
+    if text is None and not (m.role == "assistant" and m.tool_calls):
+        raise InvalidRequest("the message needs content", param=f"messages[{i}].content")
+    if m.tool_calls and m.role != "assistant":
+        raise InvalidRequest("only assistant messages carry tool_calls", param=f"messages[{i}].tool_calls")
+    message: dict[str, Any] = {"role": m.role, "content": text}
+    if m.tool_calls:
+        message["tool_calls"] = [c.model_dump() for c in m.tool_calls]
+    if m.tool_call_id is not None:
+        message["tool_call_id"] = m.tool_call_id
+    return message
 
 
 def parse_completion(body: dict[str, Any]) -> CompletionRequest:
@@ -220,7 +280,9 @@ def _settings(parsed: _Body, max_tokens: int | None, max_param: str) -> Generati
     except SamplingError as e:
         param = max_param if e.param == "max_tokens" else e.param
         raise InvalidRequest(str(e), param=param, code="invalid_value") from None
+    grammar = grammar_from_body({name: getattr(parsed, name) for name in STRUCTURED_FIELDS})
     return GenerationSettings(
+        grammar=grammar,
         model=parsed.model,
         sampling=sampling,
         max_tokens_given=max_tokens is not None,

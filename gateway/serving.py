@@ -29,6 +29,7 @@ from gateway.schemas import GenerationSettings
 from gateway.sse import DONE, SSEResponse, sse_event
 from gateway.state import EngineHandle, GatewayState
 from gateway.tenancy.admission import Admission
+from gateway.tool_parser import ToolCallParser
 from shared.sampling import SamplingParams
 
 log = logging.getLogger("pageserve.gateway")
@@ -97,6 +98,7 @@ async def serve(request: Request, state: GatewayState, plan: Plan, key: str) -> 
             caller=caller,
             tokenizer=state.prompts.tokenizer,
             ticket=ticket,
+            grammar=settings.grammar,
         )
     except BaseException:
         if ticket is not None:
@@ -108,9 +110,10 @@ async def serve(request: Request, state: GatewayState, plan: Plan, key: str) -> 
         await gen.close()
         raise
     if settings.stream:
-        return SSEResponse(_stream_events(gen, fmt), on_close=gen.close, headers=gen.response_headers)
+        return SSEResponse(_stream_events(gen, fmt, settings.parse_tool_calls), on_close=gen.close,
+                           headers=gen.response_headers)
     try:
-        response = await _whole_response(request, gen, fmt)
+        response = await _whole_response(request, gen, fmt, settings.parse_tool_calls)
     except BaseException:
         with anyio.CancelScope(shield=True):
             await gen.close()
@@ -133,16 +136,23 @@ class ThenClose:
                 await self._on_close()
 
 
-async def _stream_events(gen: Generation, fmt: ResponseFormat) -> AsyncIterator[bytes]:
+async def _stream_events(gen: Generation, fmt: ResponseFormat, tool_calls: bool = False) -> AsyncIterator[bytes]:
     if fmt.endpoint == "chat":
         for index in range(gen.sampling.n):
             yield sse_event(fmt.role_chunk(index))
+    parsers = [ToolCallParser() for _ in range(gen.sampling.n)] if tool_calls else None
     try:
         async for delta in gen.deltas():
-            if delta.text:
+            reason = delta.finish_reason
+            if parsers is not None:  # content and tool calls, as the parser finds them
+                parser = parsers[delta.index]
+                for event in parser.feed(delta.text) + (parser.finish() if reason is not None else []):
+                    yield sse_event(fmt.event_chunk(delta.index, event))
+                reason = _with_calls(reason, parser.num_calls)
+            elif delta.text:
                 yield sse_event(fmt.text_chunk(delta.index, delta.text))
-            if delta.finish_reason is not None:
-                yield sse_event(fmt.finish_chunk(delta.index, delta.finish_reason))
+            if reason is not None:
+                yield sse_event(fmt.finish_chunk(delta.index, reason))
     except APIError as e:
         yield sse_event(e.body())
         return
@@ -156,7 +166,13 @@ async def _stream_events(gen: Generation, fmt: ResponseFormat) -> AsyncIterator[
     yield DONE
 
 
-async def _whole_response(request: Request, gen: Generation, fmt: ResponseFormat) -> Response:
+def _with_calls(reason: str | None, num_calls: int) -> str | None:
+    """A choice that stopped after calling tools finishes with "tool_calls" (OpenAI's reason)."""
+    return "tool_calls" if reason == "stop" and num_calls else reason
+
+
+async def _whole_response(request: Request, gen: Generation, fmt: ResponseFormat,
+                          tool_calls: bool = False) -> Response:
     n = gen.sampling.n
     texts: list[list[str]] = [[] for _ in range(n)]
     reasons: list[str] = ["length"] * n
@@ -191,5 +207,11 @@ async def _whole_response(request: Request, gen: Generation, fmt: ResponseFormat
     if disconnected:
         log.info("client of %s went away; aborting it", gen.request_id)
         return Response(status_code=499)  # nobody reads it; the finally aborts the engine request
-    body = fmt.response(["".join(t) for t in texts], reasons, gen.usage)
+    whole = ["".join(t) for t in texts]
+    events = None
+    if tool_calls:
+        parsers = [ToolCallParser() for _ in range(n)]
+        events = [p.feed(text) + p.finish() for p, text in zip(parsers, whole, strict=True)]
+        reasons = [_with_calls(r, p.num_calls) or r for r, p in zip(reasons, parsers, strict=True)]
+    body = fmt.response(whole, reasons, gen.usage, events)
     return JSONResponse(body, headers=gen.response_headers)

@@ -75,13 +75,14 @@ class TextTokenizer:
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True, **_: Any) -> str:
         return str(self._tok.decode(list(token_ids), skip_special_tokens=skip_special_tokens))
 
-    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                            tools: list[dict[str, Any]] | None = None) -> str:
         """The rendered prompt text (special tokens written by the template itself)."""
         if self._template is None:
             raise ChatTemplateError("this model has no chat template")
         try:
             return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                         tools=None, documents=None, **self._special_tokens)
+                                         tools=tools, documents=None, **self._special_tokens)
         except jinja2.exceptions.TemplateError as e:
             raise ChatTemplateError(str(e)) from None
 
