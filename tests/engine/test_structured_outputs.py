@@ -197,3 +197,15 @@ def test_unconstrained_engines_never_load_the_grammar_engine(tiny_model_no_vocab
 @pytest.fixture(scope="module")
 def tiny_model_no_vocab(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tiny_llama_folder(tmp_path_factory.mktemp("tiny-plain"))
+
+
+def test_length_bounded_strings_admit_no_raw_control_characters(tiny_with_vocab: Path) -> None:
+    """xgrammar 0.2.9 lets a string with maxLength hold raw control characters (invalid JSON); we narrow it."""
+    import xgrammar
+
+    structured = StructuredOutputs(tiny_with_vocab, 512, 2)
+    schema = {"type": "object", "properties": {"v": {"type": "string", "maxLength": 5}}, "required": ["v"]}
+    matcher = xgrammar.GrammarMatcher(structured._compile(GrammarSpec("json_schema", json.dumps(schema))))
+    assert matcher.accept_string('{"v": "ab')
+    assert not matcher.accept_string("\x12")
+    assert matcher.accept_string('c"}') and matcher.is_completed()
