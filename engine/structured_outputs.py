@@ -67,6 +67,7 @@ class StructuredOutputs:
         self._compiler: Any = None  # xgrammar.GrammarCompiler, built at the first constrained request
         self._compiled: OrderedDict[GrammarSpec, Any] = OrderedDict()
         self._guides: dict[str, _Guide] = {}
+        self._buffer: torch.Tensor | None = None
 
     # -- admission ------------------------------------------------------------------------
 
@@ -108,7 +109,7 @@ class StructuredOutputs:
             return  # unconstrained batches pay this one scan
         import xgrammar
 
-        bitmask = xgrammar.allocate_token_bitmask(len(rows), logits.shape[1])  # (N, ceil(V / 32)) int32
+        bitmask = self._bitmask(len(rows), logits.shape[1])  # (N, ceil(V / 32)) int32
         masked = []
         for i in constrained:
             guide = self._guide(rows[i])
@@ -118,6 +119,15 @@ class StructuredOutputs:
             masked.append(i)
         if masked:
             xgrammar.apply_token_bitmask_inplace(logits, bitmask.to(logits.device), indices=masked)
+
+    def _bitmask(self, num_rows: int, vocab_size: int) -> torch.Tensor:
+        """A reused (num_rows, ceil(V / 32)) int32 buffer: each constrained row's fill writes its whole
+        row, and only those rows are applied, so stale rows never matter. (xgrammar's
+        allocate_token_bitmask took ~24 ms a call here, against ~0.5 ms for torch.full.)"""
+        width = (vocab_size + 31) // 32
+        if self._buffer is None or self._buffer.shape[0] < num_rows or self._buffer.shape[1] != width:
+            self._buffer = torch.full((max(num_rows, 64), width), -1, dtype=torch.int32)
+        return self._buffer[:num_rows]
 
     def advance(self, rows: list[ScheduledChunk], tokens: list[int]) -> None:
         """Each constrained row's matcher accepts the token sampled for it."""
