@@ -32,6 +32,7 @@ from engine.worker.kv_cache import CacheLayout, KVCache
 from engine.worker.model_loader import DTYPES, load_model
 from engine.worker.model_runner import ModelRunner
 from engine.worker.sampler import Sampler
+from engine.worker.structured_outputs import StructuredOutputs
 from pageserve_kernels.attention_launch import KernelVariant
 from pageserve_kernels.dispatch import select_backend
 
@@ -70,7 +71,8 @@ class EngineCore:
         )
         backend = select_backend(config.attention_backend, config.model.device)  # the one choice
         self.kv_cache = KVCache(layout, config.model.device, backend.copy_blocks)
-        self.runner = ModelRunner(loaded.model, self.kv_cache, Sampler(config.seed), backend)
+        self.structured = StructuredOutputs(loaded.path, loaded.shape.vocab_size, loaded.eos_token_id)
+        self.runner = ModelRunner(loaded.model, self.kv_cache, Sampler(config.seed), backend, self.structured)
         self.kernel_variants: list[KernelVariant] = []
         """The Triton variants compiled at start-up (empty on the torch backend)."""
         if backend.name == "triton":
@@ -97,6 +99,8 @@ class EngineCore:
         """Queue a request (raises RequestRejected when it could never run)."""
         if request.eos_token_id is None:  # ignore_eos is honoured by the scheduler's stop rule
             request.eos_token_id = self.model_info.eos_token_id
+        if request.grammar is not None:
+            self.structured.check(request.grammar)
         self.scheduler.add_request(request)
 
     def abort_requests(self, request_ids: Iterable[str]) -> list[RequestDelta]:

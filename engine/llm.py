@@ -21,6 +21,7 @@ from engine.request import Request
 from engine.scheduling.config import SchedulerConfig
 from shared.protocol import TokenLogprob
 from shared.sampling import SamplingParams
+from shared.structured import GrammarSpec
 
 Prompt = str | list[int]
 
@@ -118,8 +119,10 @@ class LLM:
         params: SamplingParams | Sequence[SamplingParams] | None = None,
         *,
         detokenize: bool = True,
+        grammar: GrammarSpec | Sequence[GrammarSpec | None] | None = None,
     ) -> list[GenerationResult]:
-        """Run every prompt to completion in one continuous batch; results in prompt order."""
+        """Run every prompt to completion in one continuous batch; results in prompt order.
+        `grammar`: structured output for every prompt, or one spec (or None) per prompt."""
         if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
         prompt_list = list(prompts)  # type: ignore[arg-type]
@@ -129,13 +132,16 @@ class LLM:
             param_list = list(params)
             if len(param_list) != len(prompt_list):
                 raise ValueError(f"{len(param_list)} SamplingParams for {len(prompt_list)} prompts")
+        grammars = list(grammar) if isinstance(grammar, Sequence) else [grammar] * len(prompt_list)
+        if len(grammars) != len(prompt_list):
+            raise ValueError(f"{len(grammars)} grammars for {len(prompt_list)} prompts")
         results: dict[str, GenerationResult] = {}
         order = []
-        for prompt, p in zip(prompt_list, param_list, strict=True):
+        for prompt, p, g in zip(prompt_list, param_list, grammars, strict=True):
             ids = list(self.tokenizer.encode(prompt)) if isinstance(prompt, str) else list(prompt)
             rid = f"llm-{self._counter}"
             self._counter += 1
-            self.core.add_request(Request(rid, ids, p, arrival_time=0.0))
+            self.core.add_request(Request(rid, ids, p, arrival_time=0.0, grammar=g))
             results[rid] = GenerationResult(rid, ids, [SampleOutput(i) for i in range(p.n)])
             order.append(rid)
         try:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from shared.protocol import TokenLogprob
 from shared.sampling import SamplingParams
+from shared.structured import GrammarSpec
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,8 @@ class ScheduledChunk:
     """The request's prompt (by reference, not copied): the repetition penalty reads it."""
     output_token_ids: list[int] = field(default_factory=list)
     """Tokens generated so far (by reference): presence, frequency and repetition penalties."""
+    grammar: GrammarSpec | None = None
+    """The request's structured-output grammar: its sampled rows are masked to it."""
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ import enum
 from dataclasses import dataclass, field
 
 from shared.sampling import SamplingParams
+from shared.structured import GrammarSpec
 
 
 class RequestStatus(enum.Enum):
@@ -44,6 +45,8 @@ class Request:
     cache_salt: str = ""
     """Salts prefix-cache hashes so that tenants never share cached blocks."""
     eos_token_id: int | None = None
+    grammar: GrammarSpec | None = None
+    """Structured output: every sampled token obeys this grammar (engine/worker/structured_outputs.py)."""
 
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0

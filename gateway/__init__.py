@@ -13,6 +13,9 @@ A request's path through the package:
     body.py          bytes -> JSON object: content type, size limit, strict JSON, or 4xx
     request_fields.py which top-level fields are honoured, refused unless neutral, or ignored (vLLM's policy)
     schemas.py       body checked field by field -> SamplingParams + stop strings, or 400 naming the param
+    response_format.py  response_format / structured_outputs / guided_* -> GrammarSpec (schema meta-checked)
+    tools.py         tools + tool_choice -> ToolPlan (forced calls as a grammar); tools in tool-unaware templates
+    tool_parser.py   the model's Hermes-format tool calls out of its text, streamed as argument deltas
     prompts.py       chat template + tokenization (tokenizer.py: tokenizers + jinja2, no torch)
     serving.py       context check, admission, submit, then SSE (sse.py) or one JSON body;
                      settlement after the last byte

@@ -31,6 +31,7 @@ from gateway.stop_strings import StopStringMatcher
 from gateway.tenancy.admission import Ticket
 from shared.protocol import DEADLINE_EXCEEDED, REQUEST_FAILED, AddRequest, Finished, TokenDelta
 from shared.sampling import SamplingParams
+from shared.structured import GrammarSpec
 
 log = logging.getLogger("pageserve.gateway")
 
@@ -122,6 +123,8 @@ class Generation:
     None runs without quotas (unit tests)."""
     observer: Observer | None = None
     """Told of token arrivals and the end (metrics and the access log); None in unit tests."""
+    grammar: GrammarSpec | None = None
+    """Structured output the engine constrains every sample to."""
     failed: bool = field(init=False, default=False)
     """The request ended in an error (engine or internal), not by finishing or a client leaving."""
     usage: Usage = field(init=False)
@@ -164,6 +167,7 @@ class Generation:
             arrival_time=self.arrival_time,
             weight=self.caller.weight,
             cache_salt=self.caller.cache_salt,
+            grammar=self.grammar,
         )
         try:
             self._stream = await engine.submit(request)

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from gateway.generation import Usage
 from gateway.logprobs import LogprobEntry, token_bytes
+from gateway.tool_parser import ArgumentsDelta, Event, ToolCallStart
 
 Endpoint = Literal["chat", "completion"]
 
@@ -80,6 +81,18 @@ class ResponseFormat:
             "text_offset": [e.text_offset for e in entries],
         }
 
+    def event_chunk(self, index: int, event: Event, usage: Usage | None = None) -> dict[str, Any]:
+        """A chat chunk for one parsed piece of output: content, a tool call's start, or its argument text."""
+        if isinstance(event, str):
+            return self.text_chunk(index, event, usage)
+        call: dict[str, Any]
+        if isinstance(event, ToolCallStart):
+            call = {"index": event.index, "id": event.id, "type": "function",
+                    "function": {"name": event.name, "arguments": ""}}
+        else:
+            call = {"index": event.index, "function": {"arguments": event.text}}
+        return self._chunk([self._choice(index, {"tool_calls": [call]}, None)], usage)
+
     def finish_chunk(self, index: int, finish_reason: str, usage: Usage | None = None) -> dict[str, Any]:
         return self._chunk([self._choice(index, {} if self.endpoint == "chat" else "", finish_reason)], usage)
 
@@ -100,7 +113,7 @@ class ResponseFormat:
             chunk["usage"] = usage_body(usage) if self.continuous_usage and usage is not None else None
         return chunk
 
-    def _choice(self, index: int, content: dict[str, str] | str, finish_reason: str | None) -> dict[str, Any]:
+    def _choice(self, index: int, content: dict[str, Any] | str, finish_reason: str | None) -> dict[str, Any]:
         if self.endpoint == "chat":
             return {"index": index, "delta": content, "logprobs": None, "finish_reason": finish_reason}
         return {"index": index, "text": content, "logprobs": None, "finish_reason": finish_reason}
@@ -108,20 +121,23 @@ class ResponseFormat:
     # ------------------------------------------------------------------ whole response
 
     def response(self, texts: list[str], finish_reasons: list[str], usage: Usage,
-                 logprobs: list[list[LogprobEntry]] | None = None) -> dict[str, Any]:
-        """The whole body; `logprobs` per choice when the request asked for them (else null)."""
-        body = self._response(texts, finish_reasons, usage)
+                 logprobs: list[list[LogprobEntry]] | None = None,
+                 events: list[list[Event]] | None = None) -> dict[str, Any]:
+        """The whole body; `logprobs` per choice when the request asked for them (else null); `events`:
+        per choice, its parsed output (content and tool calls) when the request offered tools."""
+        body = self._response(texts, finish_reasons, usage, events)
         if logprobs is not None:
             for choice, entries in zip(body["choices"], logprobs, strict=True):
                 choice["logprobs"] = self.logprobs_body(entries)
         return body
 
-    def _response(self, texts: list[str], finish_reasons: list[str], usage: Usage) -> dict[str, Any]:
+    def _response(self, texts: list[str], finish_reasons: list[str], usage: Usage,
+                  events: list[list[Event]] | None) -> dict[str, Any]:
         if self.endpoint == "chat":
             choices = [
                 {
                     "index": i,
-                    "message": {"role": "assistant", "content": text},
+                    "message": {"role": "assistant", "content": text} if events is None else _message(events[i]),
                     "logprobs": None,
                     "finish_reason": reason,
                 }
@@ -140,3 +156,18 @@ class ResponseFormat:
             "choices": choices,
             "usage": usage_body(usage),
         }
+
+
+def _message(events: list[Event]) -> dict[str, Any]:
+    """An assistant message from parsed output: content (None when empty) and tool_calls when any."""
+    content = "".join(e for e in events if isinstance(e, str))
+    calls: list[dict[str, Any]] = []
+    for e in events:
+        if isinstance(e, ToolCallStart):
+            calls.append({"id": e.id, "type": "function", "function": {"name": e.name, "arguments": ""}})
+        elif isinstance(e, ArgumentsDelta):
+            calls[e.index]["function"]["arguments"] += e.text
+    message: dict[str, Any] = {"role": "assistant", "content": content or (None if calls else "")}
+    if calls:
+        message["tool_calls"] = calls
+    return message

@@ -25,9 +25,6 @@ log = logging.getLogger("pageserve.gateway")
 
 REFUSED_UNLESS_NEUTRAL: dict[str, tuple[Any, ...]] = {
     # OpenAI sampling and output options not implemented yet.
-    "response_format": ({"type": "text"},),
-    "tools": ([],),
-    "tool_choice": ("none",),
     "functions": ([],),
     "function_call": ("none",),
     "audio": (),
@@ -54,11 +51,6 @@ REFUSED_UNLESS_NEUTRAL: dict[str, tuple[Any, ...]] = {
     "documents": (),
     "chat_template": (),
     "chat_template_kwargs": ({},),
-    "structured_outputs": (),
-    "guided_json": (),
-    "guided_regex": (),
-    "guided_choice": (),
-    "guided_grammar": (),
     "priority": (0,),
     "cache_salt": (),
     "return_token_ids": (False,),

@@ -38,7 +38,7 @@ async def chat_completions(request: Request) -> ASGIApp:
     await check_key_first(key, state.store, state.recent_keys)
     chat = parse_chat(await _read_body(request, state))
     _check_settings(state, chat.settings)
-    prompt = PromptInput(await state.prompts.chat(chat.messages), param="messages")
+    prompt = PromptInput(await state.prompts.chat(chat.messages, chat.tools), param="messages")
     return await serve(request, state, plan(state, "chat", chat.settings, prompt), key)
 
 

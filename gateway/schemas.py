@@ -14,6 +14,7 @@ tokenizer or the model (prompt length vs context, vocabulary) are checked by the
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, TypeVar
@@ -22,7 +23,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gateway.errors import InvalidRequest
 from gateway.request_fields import split_fields
+from gateway.response_format import STRUCTURED_FIELDS, grammar_from_body
+from gateway.tools import ToolPlan, plan_tools
 from shared.sampling import MAX_LOGPROBS, SamplingError, SamplingParams
+from shared.structured import GrammarSpec
 
 MAX_STOP_STRINGS = 8
 MAX_STOP_LENGTH = 256
@@ -62,6 +66,13 @@ class _Body(BaseModel):
     min_p: float | None = None
     logit_bias: dict[str, float] | None = None
     """Token id (as a string, as JSON keys are) -> bias in [-100, 100]."""
+    # Structured outputs (gateway/response_format.py checks their insides and names the bad field).
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
 
 class StreamOptions(BaseModel):
@@ -77,11 +88,28 @@ class TextPart(BaseModel):
     text: str
 
 
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    name: str
+    arguments: str
+
+
+class ToolCall(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    """An assistant turn that called tools."""
+    tool_call_id: str | None = None
+    """A tool turn: the call it answers."""
 
 
 class _ChatBody(_Body):
@@ -91,6 +119,10 @@ class _ChatBody(_Body):
     max_completion_tokens: Annotated[int, Field(ge=1, le=INT32_MAX)] | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
+    tools: list[Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    """Accepted; a forced call is one call, an auto one is what the model writes."""
 
 
 class _CompletionBody(_Body):
@@ -121,13 +153,19 @@ class GenerationSettings:
     """The body field max_tokens came from ("max_tokens" or "max_completion_tokens"), for errors."""
     given: frozenset[str] = frozenset()
     """The SamplingParams fields the body set: the engine's announced defaults fill only the others."""
+    grammar: GrammarSpec | None = None
+    """Structured output (response_format, guided_*, or a forced tool call) for the engine."""
+    parse_tool_calls: bool = False
+    """The request offered tools (tool_choice not "none"): the output's tool calls become tool_calls."""
 
 
 @dataclass(frozen=True)
 class ChatRequest:
     settings: GenerationSettings
-    messages: list[dict[str, str]]
-    """[{"role", "content"}] with content flattened to text, ready for the chat template."""
+    messages: list[dict[str, Any]]
+    """[{"role", "content"}] with content flattened to text (plus tool_calls / tool_call_id where
+    given), ready for the chat template."""
+    tools: ToolPlan | None = None
 
 
 @dataclass(frozen=True)
@@ -142,7 +180,16 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
     messages = flatten_messages(parsed.messages)
     max_tokens = parsed.max_completion_tokens if parsed.max_completion_tokens is not None else parsed.max_tokens
     param = "max_completion_tokens" if parsed.max_completion_tokens is not None else "max_tokens"
-    return ChatRequest(_settings(parsed, max_tokens, param, _chat_logprobs(parsed)), messages)
+    settings = _settings(parsed, max_tokens, param, _chat_logprobs(parsed))
+    tools = plan_tools(parsed.tools, parsed.tool_choice)
+    if tools is not None and tools.grammar is not None:
+        if settings.grammar is not None:
+            raise InvalidRequest("a forced tool call cannot be combined with a structured output format",
+                                 param="tool_choice")
+        settings = dataclasses.replace(settings, grammar=tools.grammar)
+    if tools is not None and tools.parse_calls:
+        settings = dataclasses.replace(settings, parse_tool_calls=True)
+    return ChatRequest(settings, messages, tools)
 
 
 def _chat_logprobs(parsed: _ChatBody) -> int | None:
@@ -154,6 +201,22 @@ def _chat_logprobs(parsed: _ChatBody) -> int | None:
             raise InvalidRequest(f"top_logprobs must be between 0 and {MAX_LOGPROBS}", param="top_logprobs",
                                  code="invalid_value")
     return (parsed.top_logprobs or 0) if parsed.logprobs else None
+
+
+def _chat_message(m: ChatMessage, i: int) -> dict[str, Any]:
+    text = m.content if isinstance(m.content, str) or m.content is None else "".join(p.text for p in m.content)
+    if m.role == "tool" and not m.tool_call_id:
+        raise InvalidRequest("a tool message needs the tool_call_id it answers", param=f"messages[{i}].tool_call_id")
+    if text is None and not (m.role == "assistant" and m.tool_calls):
+        raise InvalidRequest("the message needs content", param=f"messages[{i}].content")
+    if m.tool_calls and m.role != "assistant":
+        raise InvalidRequest("only assistant messages carry tool_calls", param=f"messages[{i}].tool_calls")
+    message: dict[str, Any] = {"role": m.role, "content": text}
+    if m.tool_calls:
+        message["tool_calls"] = [c.model_dump() for c in m.tool_calls]
+    if m.tool_call_id is not None:
+        message["tool_call_id"] = m.tool_call_id
+    return message
 
 
 def parse_completion(body: dict[str, Any]) -> CompletionRequest:
@@ -173,12 +236,10 @@ def _one_prompt(prompt: str | list[str] | list[int]) -> str | list[int]:
     return [p for p in prompt if isinstance(p, int)]
 
 
-def flatten_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
-    """[{"role", "content"}] with list content joined to text, as the chat template takes it."""
-    return [
-        {"role": m.role, "content": m.content if isinstance(m.content, str) else "".join(p.text for p in m.content)}
-        for m in messages
-    ]
+def flatten_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    """Messages as the chat template takes them (list content joined to text, tool calls kept), checked
+    the same way for /tokenize as for a chat completion."""
+    return [_chat_message(m, i) for i, m in enumerate(messages)]
 
 
 def _validate(model: type[_B], body: dict[str, Any], endpoint: str) -> _B:
@@ -249,7 +310,9 @@ def _settings(parsed: _Body, max_tokens: int | None, max_param: str, logprobs: i
     except SamplingError as e:
         param = max_param if e.param == "max_tokens" else e.param
         raise InvalidRequest(str(e), param=param, code="invalid_value") from None
+    grammar = grammar_from_body({name: getattr(parsed, name) for name in STRUCTURED_FIELDS})
     return GenerationSettings(
+        grammar=grammar,
         model=parsed.model,
         sampling=sampling,
         max_tokens_given=max_tokens is not None,

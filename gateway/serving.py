@@ -32,6 +32,7 @@ from gateway.schemas import GenerationSettings
 from gateway.sse import DONE, SSEResponse, sse_event
 from gateway.state import EngineHandle, GatewayState
 from gateway.token_limits import check_token_ids, vocab_size_of
+from gateway.tool_parser import ToolCallParser
 from shared.protocol import Ready
 from shared.sampling import SamplingError, SamplingParams
 
@@ -125,6 +126,7 @@ async def serve(request: Request, state: GatewayState, plan: Plan, key: str) -> 
             tokenizer=state.prompts.tokenizer,
             ticket=ticket,
             observer=record,
+            grammar=settings.grammar,
         )
     except BaseException:
         if ticket is not None:
@@ -138,9 +140,10 @@ async def serve(request: Request, state: GatewayState, plan: Plan, key: str) -> 
     if record is not None:
         record.submitted = True
     if settings.stream:
-        return SSEResponse(_stream_events(gen, fmt), on_close=gen.close, headers=gen.response_headers)
+        return SSEResponse(_stream_events(gen, fmt, settings.parse_tool_calls), on_close=gen.close,
+                           headers=gen.response_headers)
     try:
-        response = await _whole_response(request, gen, fmt)
+        response = await _whole_response(request, gen, fmt, settings.parse_tool_calls)
     except BaseException:
         with anyio.CancelScope(shield=True):
             await gen.close()
@@ -163,20 +166,28 @@ class ThenClose:
                 await self._on_close()
 
 
-async def _stream_events(gen: Generation, fmt: ResponseFormat) -> AsyncIterator[bytes]:
+async def _stream_events(gen: Generation, fmt: ResponseFormat, tool_calls: bool = False) -> AsyncIterator[bytes]:
     # A chat choice's role chunk goes out with its first generated token, not at admission (vLLM's
     # order): clients stamp time to first token at the first chunk. A stream that ends before any
-    # token carries no role chunk, only its error event.
+    # token carries no role chunk, only its error event. With tools offered, the parser turns the
+    # text into content and tool-call deltas as it finds them.
     announced: set[int] = set()
+    parsers = [ToolCallParser() for _ in range(gen.sampling.n)] if tool_calls else None
     try:
         async for delta in gen.deltas():
             if fmt.endpoint == "chat" and delta.index not in announced:
                 announced.add(delta.index)
                 yield sse_event(fmt.role_chunk(delta.index, gen.usage))
-            if delta.text or delta.logprobs:
+            reason = delta.finish_reason
+            if parsers is not None:
+                parser = parsers[delta.index]
+                for event in parser.feed(delta.text) + (parser.finish() if reason is not None else []):
+                    yield sse_event(fmt.event_chunk(delta.index, event, gen.usage))
+                reason = _with_calls(reason, parser.num_calls)
+            elif delta.text or delta.logprobs:
                 yield sse_event(fmt.text_chunk(delta.index, delta.text, gen.usage, delta.logprobs))
-            if delta.finish_reason is not None:
-                yield sse_event(fmt.finish_chunk(delta.index, delta.finish_reason, gen.usage))
+            if reason is not None:
+                yield sse_event(fmt.finish_chunk(delta.index, reason, gen.usage))
     except APIError as e:
         yield sse_event(e.body())
         return
@@ -190,7 +201,13 @@ async def _stream_events(gen: Generation, fmt: ResponseFormat) -> AsyncIterator[
     yield DONE
 
 
-async def _whole_response(request: Request, gen: Generation, fmt: ResponseFormat) -> Response:
+def _with_calls(reason: str | None, num_calls: int) -> str | None:
+    """A choice that stopped after calling tools finishes with "tool_calls" (OpenAI's reason)."""
+    return "tool_calls" if reason == "stop" and num_calls else reason
+
+
+async def _whole_response(request: Request, gen: Generation, fmt: ResponseFormat,
+                          tool_calls: bool = False) -> Response:
     n = gen.sampling.n
     texts: list[list[str]] = [[] for _ in range(n)]
     logprobs: list[list[LogprobEntry]] = [[] for _ in range(n)]
@@ -227,6 +244,11 @@ async def _whole_response(request: Request, gen: Generation, fmt: ResponseFormat
     if disconnected:
         log.info("client of %s went away; aborting it", gen.request_id)
         return Response(status_code=499)  # nobody reads it; the finally aborts the engine request
-    body = fmt.response(["".join(t) for t in texts], reasons, gen.usage,
-                        logprobs if gen.sampling.logprobs is not None else None)
+    whole = ["".join(t) for t in texts]
+    events = None
+    if tool_calls:
+        parsers = [ToolCallParser() for _ in range(n)]
+        events = [p.feed(text) + p.finish() for p, text in zip(parsers, whole, strict=True)]
+        reasons = [_with_calls(r, p.num_calls) or r for r, p in zip(reasons, parsers, strict=True)]
+    body = fmt.response(whole, reasons, gen.usage, logprobs if gen.sampling.logprobs is not None else None, events)
     return JSONResponse(body, headers=gen.response_headers)

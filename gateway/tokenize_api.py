@@ -57,7 +57,7 @@ async def tokenize(request: Request) -> Response:
     if "messages" in body:
         chat = _validate(TokenizeChatRequest, body)
         _check_model(state, chat.model)
-        tokens = await state.prompts.chat(flatten_messages(chat.messages), chat.add_generation_prompt,
+        tokens = await state.prompts.chat(flatten_messages(chat.messages), None, chat.add_generation_prompt,
                                           chat.add_special_tokens)
         want_strs = chat.return_token_strs
     else:

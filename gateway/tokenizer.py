@@ -79,13 +79,14 @@ class TextTokenizer:
         """The vocabulary entry of `token_id` (BPE pieces as stored: "Ġthe")."""
         return str(self._tok.id_to_token(token_id) or "")
 
-    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                            tools: list[dict[str, Any]] | None = None) -> str:
         """The rendered prompt text (special tokens written by the template itself)."""
         if self._template is None:
             raise ChatTemplateError("this model has no chat template")
         try:
             return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                         tools=None, documents=None, **self._special_tokens)
+                                         tools=tools, documents=None, **self._special_tokens)
         except jinja2.exceptions.TemplateError as e:
             raise ChatTemplateError(str(e)) from None
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 from shared.sampling import SamplingParams
+from shared.structured import GrammarSpec
 from shared.wire_codec import Codec, ProtocolError
 
 PROTOCOL_VERSION = 1
@@ -107,6 +108,8 @@ class AddRequest:
     """The tenant's fair-share weight."""
     cache_salt: str = ""
     """Prefix-cache isolation: requests share cached blocks only with equal salts."""
+    grammar: GrammarSpec | None = None
+    """Structured output: the engine masks every sampled token to this grammar (None: free text)."""
 
 
 @dataclass(frozen=True)

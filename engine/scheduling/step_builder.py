@@ -59,6 +59,7 @@ class StepBuilder:
                 eos_token_id=req.eos_token_id,
                 prompt_token_ids=req.prompt_token_ids,
                 output_token_ids=req.output_token_ids,
+                grammar=req.grammar,
             )
         )
         self.copies += copies

@@ -292,7 +292,7 @@ class EngineServer:
         request = Request(
             request_id=add.request_id, prompt_token_ids=list(add.prompt_token_ids), sampling=add.sampling,
             arrival_time=add.arrival_time or time.time(), priority=add.priority, tenant_id=add.tenant_id,
-            weight=add.weight, cache_salt=add.cache_salt,
+            weight=add.weight, cache_salt=add.cache_salt, grammar=add.grammar,
         )
         try:
             self.core.add_request(request)

@@ -22,6 +22,7 @@ from engine.worker.kv_cache import KVCache
 from engine.worker.layers.attention import KernelPagedAttention, PagedAttentionOp, TorchPagedAttention
 from engine.worker.models.llama import LlamaModel
 from engine.worker.sampler import Sampler
+from engine.worker.structured_outputs import StructuredOutputs
 from pageserve_kernels.cpu_attention import native_decode_available
 from pageserve_kernels.dispatch import AttentionBackend
 
@@ -42,11 +43,13 @@ def make_attention(choice: str | AttentionBackend, device: torch.device, kv_dtyp
 class ModelRunner:
     def __init__(
         self, model: LlamaModel, kv_cache: KVCache, sampler: Sampler,
-        attention_backend: str | AttentionBackend = "auto",
+        attention_backend: str | AttentionBackend = "auto", structured: StructuredOutputs | None = None,
     ) -> None:
         self.model = model
         self.kv_cache = kv_cache
         self.sampler = sampler
+        self.structured = structured
+        """Grammar masks of constrained rows, applied right before sampling (None: no request may be constrained)."""
         self.device = kv_cache.device_pool.device
         self.block_size = kv_cache.layout.block_size
         self.attention = make_attention(attention_backend, self.device, kv_cache.layout.dtype)
@@ -55,6 +58,8 @@ class ModelRunner:
 
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
         self.sampler.forget(out.finished_request_ids)
+        if self.structured is not None:
+            self.structured.forget(out.finished_request_ids)
         try:
             self.kv_cache.move_blocks(out.blocks_to_swap_out, out.blocks_to_swap_in, out.blocks_to_copy)
         except Exception as e:  # a half-done move may have corrupted requests outside this step
@@ -70,7 +75,11 @@ class ModelRunner:
             if not inputs.sampled:
                 return RunnerOutput({})
             logits = self.model.compute_logits(hidden[inputs.logits_indices])  # (N, V) float32
+            if self.structured is not None:  # structured outputs: banned tokens of constrained rows -> -inf
+                self.structured.mask(logits, inputs.sampled)
             sampled = self.sampler.sample_with_logprobs(logits, inputs.sampled)
+            if self.structured is not None:
+                self.structured.advance(inputs.sampled, sampled.token_ids)
         ids = [c.request_id for c in inputs.sampled]
         return RunnerOutput(dict(zip(ids, sampled.token_ids, strict=True)),
                             {ids[row]: lp for row, lp in sampled.logprobs.items()})

@@ -33,6 +33,7 @@ from shared.protocol import (
     encode,
 )
 from shared.sampling import SamplingParams
+from shared.structured import GrammarSpec
 
 SAMPLES: dict[str, Message] = {
     "Hello": Hello(1, "gw-1"),
@@ -57,10 +58,10 @@ GOLDEN_HEX = {
     "Hello": "930101a467772d31",
     "Ready": "990201a7736d6f6c6c6d32cd20001002cd03e8cdc00090",
     "AddRequest": (
-        "9903a57265712d31930102cd012c89a16e01ab74656d7065726174757265cb0000000000000000a5746f705f70"
+        "9a03a57265712d31930102cd012c89a16e01ab74656d7065726174757265cb0000000000000000a5746f705f70"
         "cb3ff0000000000000a5746f705f6b00a473656564c0aa6d61785f746f6b656e7308aa6d696e5f746f6b656e73"
         "00ae73746f705f746f6b656e5f6964739102aa69676e6f72655f656f73c2ffa461636d65cb41d954fc40100000"
-        "cb4000000000000000a173"
+        "cb4000000000000000a173c0"
     ),
     "Abort": "920492a161a162",
     "StepOutputs": "94059197a57265712d3100922ace00011170030200909194a57265712d3100a66c656e6774689303020009",
@@ -98,6 +99,20 @@ OLDER_PEER_HEX = {
     "Ready": ("970201a7736d6f6c6c6d32cd20001002cd03e8", Ready(1, "smollm2", 8192, 16, 2, 1000)),
     "Ready.default_sampling": ("980201a7736d6f6c6c6d32cd20001002cd03e8cdc000",  # before default_sampling
                                Ready(1, "smollm2", 8192, 16, 2, 1000, 49152)),
+    "AddRequest": (  # before grammar
+        "9903a57265712d31930102cd012c89a16e01ab74656d7065726174757265cb0000000000000000a5746f705f70"
+        "cb3ff0000000000000a5746f705f6b00a473656564c0aa6d61785f746f6b656e7308aa6d696e5f746f6b656e73"
+        "00ae73746f705f746f6b656e5f6964739102aa69676e6f72655f656f73c2ffa461636d65cb41d954fc40100000"
+        "cb4000000000000000a173", SAMPLES["AddRequest"]),
+    # a request using the sampling fields, before grammar
+    "AddRequest with sampling fields": (
+        "9903a57265712d3291018fa16e01ab74656d7065726174757265cb3ff0000000000000a5746f705f70cb3ff0000000000000a5746f"
+        "705f6b00a473656564c0aa6d61785f746f6b656e7310aa6d696e5f746f6b656e7300ae73746f705f746f6b656e5f69647390aa6967"
+        "6e6f72655f656f73c2b070726573656e63655f70656e616c7479cb3fe0000000000000b16672657175656e63795f70656e616c7479"
+        "cbbff0000000000000b272657065746974696f6e5f70656e616c7479cb3ff4000000000000a56d696e5f70cb3fc0000000000000aa"
+        "6c6f6769745f62696173919207cb4059000000000000a86c6f6770726f62730200a0cb0000000000000000cb3ff0000000000000a0",
+        AddRequest("req-2", [1], SamplingParams(presence_penalty=0.5, frequency_penalty=-1.0, repetition_penalty=1.25,
+                                                min_p=0.125, logit_bias=((7, 100.0),), logprobs=2))),
     # its TokenDelta before logprobs
     "StepOutputs": (
         "94059196a57265712d3100922ace000111700302009194a57265712d3100a66c656e6774689303020009", SAMPLES["StepOutputs"]),
@@ -113,12 +128,12 @@ EXTENDED: dict[str, tuple[Message, str]] = {
     "AddRequest": (
         AddRequest("req-2", [1], SamplingParams(presence_penalty=0.5, frequency_penalty=-1.0, repetition_penalty=1.25,
                                                 min_p=0.125, logit_bias=((7, 100.0),), logprobs=2)),
-        "9903a57265712d3291018fa16e01ab74656d7065726174757265cb3ff0000000000000a5746f705f70cb3ff0000000000000a5746f"
+        "9a03a57265712d3291018fa16e01ab74656d7065726174757265cb3ff0000000000000a5746f705f70cb3ff0000000000000a5746f"
         "705f6b00a473656564c0aa6d61785f746f6b656e7310aa6d696e5f746f6b656e7300ae73746f705f746f6b656e5f69647390aa6967"
         "6e6f72655f656f73c2b070726573656e63655f70656e616c7479cb3fe0000000000000b16672657175656e63795f70656e616c7479"
         "cbbff0000000000000b272657065746974696f6e5f70656e616c7479cb3ff4000000000000a56d696e5f70cb3fc0000000000000aa"
-        "6c6f6769745f62696173919207cb4059000000000000a86c6f6770726f62730200a0cb0000000000000000cb3ff0000000000000a0"
-    ),
+        "6c6f6769745f62696173919207cb4059000000000000a86c6f6770726f62730200a0cb0000000000000000cb3ff0000000000000a0c0"
+    ),  # (the trailing c0: the grammar, appended after; the frame without it is in OLDER_PEER_HEX)
     "StepOutputs": (
         StepOutputs([TokenDelta("req-2", 0, [42], 1, 1, 0, [TokenLogprob(-0.5, [42, 7], [-0.5, -1.25])])], [], 3),
         "94059197a57265712d3200912a0101009193cbbfe0000000000000922a0792cbbfe0000000000000cbbff40000000000009003",
@@ -150,6 +165,24 @@ def test_a_bad_logit_bias_entry_is_named() -> None:
     raw[3]["logit_bias"] = [[7, 500.0]]
     with pytest.raises(ProtocolError, match=r"AddRequest.sampling.logit_bias: logit_bias values"):
         decode(msgpack.packb(raw))
+
+
+def test_golden_bytes_of_a_request_with_a_grammar() -> None:
+    """The grammar travels as a nested array [kind, value] after cache_salt."""
+    msg = AddRequest("req-2", [5], SamplingParams(max_tokens=4),
+                     grammar=GrammarSpec("json_schema", '{"type":"object"}'))
+    golden = (
+        "9a03a57265712d32910589a16e01ab74656d7065726174757265cb3ff0000000000000a5746f705f70cb3ff0000000000000"
+        "a5746f705f6b00a473656564c0aa6d61785f746f6b656e7304aa6d696e5f746f6b656e7300ae73746f705f746f6b656e5f69"
+        "647390aa69676e6f72655f656f73c200a0cb0000000000000000cb3ff0000000000000a092ab6a736f6e5f736368656d61b1"
+        "7b2274797065223a226f626a656374227d"
+    )
+    assert encode(msg).hex() == golden
+    assert decode(bytes.fromhex(golden)) == msg
+    bad = msgpack.unpackb(bytes.fromhex(golden))
+    bad[-1][0] = "lisp"
+    with pytest.raises(ProtocolError, match="AddRequest.grammar.kind"):
+        decode(msgpack.packb(bad))
 
 
 @pytest.mark.parametrize("name", sorted(OLDER_PEER_HEX))
