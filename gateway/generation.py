@@ -70,7 +70,6 @@ class Caller(Protocol):
     def tier(self) -> str: ...
 
 
-@dataclass(frozen=True)
 class Observer(Protocol):
     """Sees a request's tokens arrive and its end (gateway/request_context.py's RequestRecord: metrics, logs)."""
 

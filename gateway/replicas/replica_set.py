@@ -30,7 +30,8 @@ from gateway.replicas.config import ReplicasConfig
 from gateway.replicas.counters import RoutingCounters
 from gateway.replicas.discovery import Discovery
 from gateway.replicas.replica import Replica
-from gateway.replicas.router import Router
+from gateway.replicas.router import Router, combined_stats
+from shared.protocol import Stats
 
 log = logging.getLogger("pageserve.gateway")
 
@@ -63,6 +64,28 @@ class ReplicaSet:
 
     def live(self) -> list[Replica]:
         return [r for r in self._replicas.values() if r.client.healthy]
+
+    # The rest of the gateway's EngineSource (gateway/state.py): readiness, metrics, drain.
+
+    @property
+    def progressing(self) -> bool:
+        """Some replica is live (each one's own progress is the stall rule's business: `_probe`)."""
+        return bool(self.live())
+
+    @property
+    def latest_stats(self) -> Stats | None:
+        """The live replicas' last stats added up (what /metrics exports), or None before any answer."""
+        parts = [r.stats for r in self.live() if r.stats is not None]
+        return combined_stats(parts) if parts else None
+
+    @property
+    def last_failure(self) -> str:
+        return "" if self.live() else "no live engine replica"
+
+    def fail_open(self, reason: str) -> None:
+        """End every open request of this gateway, on every replica, with `reason` (SIGTERM drain)."""
+        for replica in self._replicas.values():
+            replica.client.fail(reason)
 
     async def start(self, timeout_s: float) -> None:
         """Wait until a first replica is live (engines may still be loading), then watch in the background."""

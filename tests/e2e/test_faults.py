@@ -143,19 +143,22 @@ def test_clients_that_hang_up_anywhere_leave_nothing_held(faults: FaultStack) ->
         s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                   b"Authorization: Bearer " + faults.key.encode() + b"\r\nContent-Length: 500\r\n\r\n{\"model\":")
     # Two long streams fill the engine's two seats; a third waits, and its client leaves while it waits.
-    long_body = completion(64)
+    long_body = completion(1000)  # seconds of decoding on any host: the seats stay taken
     with contextlib.ExitStack() as open_streams:
+        readers = []  # held until the block ends: a collected line iterator closes its stream (a hang-up)
         for _ in range(2):
             r = open_streams.enter_context(httpx.stream("POST", f"{faults.base_url}/v1/completions", json=long_body,
                                                         headers=faults.headers(), timeout=120))
-            next(events_of(r.iter_lines()))  # running: tokens are flowing
+            readers.append(events_of(r.iter_lines()))
+            next(readers[-1])  # running: tokens are flowing
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(f"{faults.base_url}/v1/completions", json=completion(4), headers=faults.headers(),
                        timeout=0.5)
-    # During prefill: a long prompt, gone before its first token.
+
+    # During prefill: a long prompt (~0.5-2 s of prefill on 2 cores), gone long before its first token.
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"{faults.base_url}/v1/completions", json=completion(4, prompt=[1] + [504] * 700),
-                   headers=faults.headers(), timeout=0.3)
+        httpx.post(f"{faults.base_url}/v1/completions", json=completion(4, prompt=[1] + [504] * 1500),
+                   headers=faults.headers(), timeout=0.1)
     # Mid-stream, and at the last token (finish chunk read, [DONE] never read).
     cut = read_stream(faults, completion(40), stop_after=3)
     last = read_stream(faults, completion(6), stop_at_finish=True)
