@@ -340,7 +340,13 @@ def test_gateway_sigterm_drains_short_streams_and_ends_long_ones_settling_all(op
         time.sleep(0.05)
     ops.procs["gateway"].send_signal(signal.SIGTERM)
     termed = time.monotonic()
-    time.sleep(0.3)
+    # Both workers get the signal from uvicorn's supervisor, each a moment later: wait until four
+    # answers in a row (new connections, spread over both workers) say draining.
+    answers: list[int] = []
+    while answers[-4:] != [503] * 4:
+        assert time.monotonic() - termed < 3, answers
+        answers.append(httpx.get(ops.base + "/ready").status_code)
+        time.sleep(0.05)
     ready = httpx.get(ops.base + "/ready")
     assert ready.status_code == 503 and ready.json()["problems"][0].startswith("draining")
     refused = httpx.post(ops.base + "/v1/chat/completions", json=CHAT, headers=ops.headers())
