@@ -157,7 +157,9 @@ class EngineServer:
         now = time.monotonic()
         # A second request (Ctrl-C twice) skips what is left of the grace period.
         self._stop_deadline = now + self.config.shutdown_grace_s if self._stop_deadline is None else now
-        with contextlib.suppress(BlockingIOError):  # the pipe is full: a wake-up is pending anyway
+        # BlockingIOError: the pipe is full, a wake-up is pending anyway; BrokenPipeError/OSError: the loop
+        # has already ended (a fatal error) and closed its end, so there is nothing left to wake.
+        with contextlib.suppress(OSError):
             self._wake_w.send(b"x")
 
     def serve(self) -> int:

@@ -282,6 +282,7 @@ def test_a_fatal_core_error_is_told_to_every_gateway_and_exits_1(ctx: zmq.Contex
         assert err.message == "engine failed: RuntimeError: CUDA fell over"
     running.thread.join(5.0)
     assert running.exit_code == [1]
+    running.server.request_stop()  # a late SIGTERM after the loop ended (its wake pipe closed): a no-op
 
 
 def test_a_failed_step_fails_its_requests_only_and_the_engine_serves_on(engine: Running, ctx: zmq.Context) -> None:
