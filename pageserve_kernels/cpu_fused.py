@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from collections.abc import Callable
 
 import torch
 
@@ -36,65 +37,73 @@ FLAGS = native_build.EXACT_FLAGS  # no FMA contraction or reassociation: results
 
 
 class NativeFused:
-    """ctypes bindings of the compiled kernels; each call checks shapes, strides and dtypes first."""
+    """ctypes bindings of one compiled library of these ops (float32 here, bfloat16 in
+    pageserve_kernels/cpu_fused_bf16.py: the same C signatures, named `<op>_<suffix>`);
+    each call checks shapes, strides and dtypes first."""
 
-    def __init__(self, lib: ctypes.CDLL) -> None:
+    def __init__(self, lib: ctypes.CDLL, dtype: torch.dtype = torch.float32, suffix: str = "f32") -> None:
         p, i, f, n = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
         signatures = {
-            "rms_norm_f32": [p, i, p, p, i, i, f, n],
-            "add_rms_norm_f32": [p, p, p, i, i, f, n],
-            "silu_and_mul_f32": [p, i, p, i, i, n],
-            "rotary_f32": [p, i, p, p, i, i, i, i, n],
-            "argmax_rows_f32": [p, i, i, i, p, n],
+            "rms_norm": [p, i, p, p, i, i, f, n],
+            "add_rms_norm": [p, p, p, i, i, f, n],
+            "silu_and_mul": [p, i, p, i, i, n],
+            "rotary": [p, i, p, p, i, i, i, i, n],
+            "argmax_rows": [p, i, i, i, p, n],  # float32 only
         }
+        self.dtype = dtype
+        self._fn: dict[str, Callable[..., None]] = {}
         for name, argtypes in signatures.items():
-            fn = getattr(lib, name)
-            fn.restype, fn.argtypes = None, argtypes
-        self._lib = lib
+            fn = getattr(lib, f"{name}_{suffix}", None)
+            if fn is not None:
+                fn.restype, fn.argtypes = None, argtypes
+                self._fn[name] = fn
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:  # (T, H) -> (T, H)
         t, h = x.shape
-        _check_rows(x, weight)
+        self._check_rows(x, weight)
         out = torch.empty((t, h), dtype=x.dtype)
-        self._lib.rms_norm_f32(x.data_ptr(), x.stride(0), weight.data_ptr(), out.data_ptr(), t, h, eps, _threads())
+        self._fn["rms_norm"](x.data_ptr(), x.stride(0), weight.data_ptr(), out.data_ptr(), t, h, eps, _threads())
         return out
 
     def add_rms_norm_(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
         """residual += x; x = rms_norm(residual) * weight; both (T, H) contiguous, overwritten."""
-        _check_rows(x, weight)
+        self._check_rows(x, weight)
         assert x.is_contiguous() and residual.is_contiguous() and residual.shape == x.shape
-        assert residual.dtype == torch.float32
+        assert residual.dtype == self.dtype
         t, h = x.shape
-        self._lib.add_rms_norm_f32(x.data_ptr(), residual.data_ptr(), weight.data_ptr(), t, h, eps, _threads())
+        self._fn["add_rms_norm"](x.data_ptr(), residual.data_ptr(), weight.data_ptr(), t, h, eps, _threads())
 
     def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:  # (T, 2 I) -> (T, I)
         t, two_i = gate_up.shape
-        assert gate_up.dtype == torch.float32 and gate_up.stride(1) == 1 and two_i % 2 == 0
+        assert gate_up.dtype == self.dtype and gate_up.stride(1) == 1 and two_i % 2 == 0
         out = torch.empty((t, two_i // 2), dtype=gate_up.dtype)
-        self._lib.silu_and_mul_f32(gate_up.data_ptr(), gate_up.stride(0), out.data_ptr(), t, two_i // 2, _threads())
+        self._fn["silu_and_mul"](gate_up.data_ptr(), gate_up.stride(0), out.data_ptr(), t, two_i // 2, _threads())
         return out
 
     def rotary_(self, qk: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> None:
         """qk (T, heads, hd), heads contiguous, rotated in place; cos, sin_signed (T, 1, hd) or (T, hd)."""
         t, heads, hd = qk.shape
         cos, sin_signed = cos.reshape(t, hd), sin_signed.reshape(t, hd)
-        assert qk.dtype == cos.dtype == sin_signed.dtype == torch.float32 and hd % 2 == 0
+        assert qk.dtype == cos.dtype == sin_signed.dtype == self.dtype and hd % 2 == 0
         assert qk.stride(2) == 1 and qk.stride(1) == hd
         assert cos.stride(1) == sin_signed.stride(1) == 1 and cos.stride(0) == sin_signed.stride(0)
-        self._lib.rotary_f32(qk.data_ptr(), qk.stride(0), cos.data_ptr(), sin_signed.data_ptr(), cos.stride(0), t,
-                             heads, hd, _threads())
+        self._fn["rotary"](qk.data_ptr(), qk.stride(0), cos.data_ptr(), sin_signed.data_ptr(), cos.stride(0), t,
+                           heads, hd, _threads())
+
+    @property
+    def has_argmax(self) -> bool:
+        return "argmax_rows" in self._fn
 
     def argmax(self, x: torch.Tensor) -> torch.Tensor:  # (N, V) -> (N,) int64
         n, v = x.shape
-        assert x.dtype == torch.float32 and x.stride(1) == 1 and v > 0
+        assert self.has_argmax and x.dtype == torch.float32 and x.stride(1) == 1 and v > 0
         out = torch.empty(n, dtype=torch.int64)
-        self._lib.argmax_rows_f32(x.data_ptr(), x.stride(0), n, v, out.data_ptr(), _threads())
+        self._fn["argmax_rows"](x.data_ptr(), x.stride(0), n, v, out.data_ptr(), _threads())
         return out
 
-
-def _check_rows(x: torch.Tensor, weight: torch.Tensor) -> None:
-    assert x.dtype == weight.dtype == torch.float32 and x.dim() == 2 and x.stride(1) == 1
-    assert weight.is_contiguous() and weight.shape == (x.shape[1],)
+    def _check_rows(self, x: torch.Tensor, weight: torch.Tensor) -> None:
+        assert x.dtype == weight.dtype == self.dtype and x.dim() == 2 and x.stride(1) == 1
+        assert weight.is_contiguous() and weight.shape == (x.shape[1],)
 
 
 def _threads() -> int:

@@ -17,7 +17,6 @@ import torch
 
 from pageserve_kernels import cpu_fused, cpu_fused_bf16, fused_choice
 from pageserve_kernels.cpu_fused import NativeFused
-from pageserve_kernels.cpu_fused_bf16 import NativeFusedBf16
 from pageserve_kernels.fused_reference import (  # re-exported: the layers' fallback, the tests' yardstick
     fused_add_rms_norm_reference,
     rms_norm_reference,
@@ -63,17 +62,17 @@ def rotate_qk(qk: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> 
 def argmax_rows(x: torch.Tensor) -> torch.Tensor:  # (N, V) -> (N,) int64
     """Each row's first index of its maximum (NaN counts as the maximum), as torch.argmax(-1)."""
     native = _native(x, "")
-    if not isinstance(native, NativeFused) or x.dim() != 2 or x.stride(1) != 1 or x.shape[1] == 0:
+    if native is None or not native.has_argmax or x.dim() != 2 or x.stride(1) != 1 or x.shape[1] == 0:
         return x.argmax(-1)
     return native.argmax(x)
 
 
-def _native(x: torch.Tensor, op: str) -> NativeFused | NativeFusedBf16 | None:
+def _native(x: torch.Tensor, op: str) -> NativeFused | None:
     """The C kernels when they cover this tensor (float32 or bfloat16 on the CPU), built here, and
     measured faster than PyTorch for this op, dtype and row width on this host (fused_choice.py)."""
     if not x.is_cpu:  # is_cpu: 3x cheaper than device.type, ~120 calls a step
         return None
-    native: NativeFused | NativeFusedBf16 | None = None
+    native: NativeFused | None = None
     if x.dtype == torch.float32:
         native = cpu_fused.load()
     elif x.dtype == torch.bfloat16:

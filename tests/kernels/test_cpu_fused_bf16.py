@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from pageserve_kernels import choice, cpu_fused_bf16, fused_choice, fused_ops
+from pageserve_kernels.cpu_fused import NativeFused
 from pageserve_kernels.fused_ops import (
     fused_add_rms_norm_reference,
     rms_norm_reference,
@@ -18,7 +19,7 @@ HIDDEN = [576, 100, 13]  # SmolLM2, and sizes that leave vector tails
 
 
 @pytest.fixture(scope="module")
-def native() -> cpu_fused_bf16.NativeFusedBf16:
+def native() -> NativeFused:
     kernels = cpu_fused_bf16.load()
     if kernels is None:
         pytest.skip("no C compiler here (or PAGESERVE_NATIVE_KERNELS=0)")
@@ -41,14 +42,14 @@ def assert_matches(got: torch.Tensor, want: torch.Tensor, exact: bool = True) ->
 
 @pytest.mark.parametrize("rows", ROWS)
 @pytest.mark.parametrize("hidden", HIDDEN)
-def test_rms_norm(native: cpu_fused_bf16.NativeFusedBf16, rows: int, hidden: int) -> None:
+def test_rms_norm(native: NativeFused, rows: int, hidden: int) -> None:
     x, w = _randn(rows, hidden, seed=1, scale=3.0), _randn(hidden, seed=2)
     assert_matches(native.rms_norm(x, w, 1e-5), rms_norm_reference(x, w, 1e-5), exact=False)
 
 
 @pytest.mark.parametrize("rows", ROWS)
 @pytest.mark.parametrize("hidden", HIDDEN)
-def test_add_rms_norm_updates_both_in_place(native: cpu_fused_bf16.NativeFusedBf16, rows: int, hidden: int) -> None:
+def test_add_rms_norm_updates_both_in_place(native: NativeFused, rows: int, hidden: int) -> None:
     x, residual, w = _randn(rows, hidden, seed=3), _randn(rows, hidden, seed=4), _randn(hidden, seed=5)
     want, want_residual = fused_add_rms_norm_reference(x, residual, w, 1e-6)
     got, got_residual = x.clone(), residual.clone()
@@ -59,19 +60,19 @@ def test_add_rms_norm_updates_both_in_place(native: cpu_fused_bf16.NativeFusedBf
 
 @pytest.mark.parametrize("rows", ROWS)
 @pytest.mark.parametrize("intermediate", [1536, 50, 7])
-def test_silu_and_mul(native: cpu_fused_bf16.NativeFusedBf16, rows: int, intermediate: int) -> None:
+def test_silu_and_mul(native: NativeFused, rows: int, intermediate: int) -> None:
     gate_up = _randn(rows, 2 * intermediate, seed=6, scale=4.0)
     assert_matches(native.silu_and_mul(gate_up), silu_and_mul_reference(gate_up), exact=False)
 
 
-def test_silu_and_mul_at_the_ends_of_exp(native: cpu_fused_bf16.NativeFusedBf16) -> None:
+def test_silu_and_mul_at_the_ends_of_exp(native: NativeFused) -> None:
     g = torch.tensor([[-200.0, -90.0, -20.0, 0.0, 20.0, 90.0, 200.0, 1e30]]).bfloat16()
     gate_up = torch.cat([g, torch.ones_like(g)], dim=1)
     assert_matches(native.silu_and_mul(gate_up), silu_and_mul_reference(gate_up))
 
 
 @pytest.mark.parametrize(("rows", "heads", "hd"), [(1, 15, 64), (7, 3, 16), (300, 12, 64)])
-def test_rotary_in_place_on_a_slice_of_qkv(native: cpu_fused_bf16.NativeFusedBf16, rows: int, heads: int,
+def test_rotary_in_place_on_a_slice_of_qkv(native: NativeFused, rows: int, heads: int,
                                            hd: int) -> None:
     qkv = _randn(rows, (heads + 1) * hd, seed=7)
     qk = qkv[:, : heads * hd].view(rows, heads, hd)
@@ -85,7 +86,7 @@ def test_rotary_in_place_on_a_slice_of_qkv(native: cpu_fused_bf16.NativeFusedBf1
 
 
 @pytest.mark.parametrize("pick", ["c", "torch"])
-def test_fused_ops_route_bfloat16_as_chosen(native: cpu_fused_bf16.NativeFusedBf16, pick: str,
+def test_fused_ops_route_bfloat16_as_chosen(native: NativeFused, pick: str,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(fused_choice, "_PICKS", {})
     monkeypatch.setenv(choice.FORCE_ENV, f"fused_rms_norm={pick},fused_silu_and_mul={pick}")
@@ -100,7 +101,7 @@ def test_fused_ops_route_bfloat16_as_chosen(native: cpu_fused_bf16.NativeFusedBf
     assert calls == (["rms_norm", "silu_and_mul"] if pick == "c" else [])
 
 
-def test_the_faster_implementation_is_measured_once_per_op_and_width(native: cpu_fused_bf16.NativeFusedBf16,
+def test_the_faster_implementation_is_measured_once_per_op_and_width(native: NativeFused,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(fused_choice, "_PICKS", {})
     monkeypatch.delenv(choice.FORCE_ENV, raising=False)
