@@ -5,6 +5,7 @@
     serve.py          streamed HTTP load (load.py arrivals, openai_client.py wire, engine_direct.py engine
                       alone, serve_stats.py metrics, serve_report.py table/JSON/plots, stack.py --spawn)
     vllm_peer.py      vLLM from its own virtualenv (vllm_worker.py runs under its Python); peer_table.py
+    agreement.py      bfloat16 greedy agreement with Hugging Face float32, ours and vLLM's
     memory.py         KV waste and requests that fit in a budget: paged vs contiguous
     priority.py, admission.py, streaming.py, step_profile.py   scheduling, quota, SSE and step-time benchmarks
 """
@@ -24,6 +25,7 @@ BENCHMARKS = {
     "serve": "ops.bench.serve",
     "memory": "ops.bench.memory",
     "soak": "ops.bench.soak",
+    "agreement": "ops.bench.agreement",
 }
 
 

@@ -3,6 +3,8 @@
     run_offline(python, model_dir, dtype, workload, prefix_caching) -> PeerResult
         LLM.generate in a subprocess (ops/bench/vllm_worker.py), same token-id prompts,
         greedy, EOS ignored; a failure comes back as PeerResult.error, never an exception
+    run_worker(..., return_tokens=True) -> dict | str
+        the same run's raw result (with every request's token ids), or why there is none
     VllmServer(python, model_dir, dtype, port, prefix_caching)   (context manager)
         `vllm serve` on 127.0.0.1 with its log in a temporary file; .base_url once healthy
 
@@ -26,6 +28,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import httpx
 
@@ -75,11 +78,22 @@ def missing_reason(python: str | None) -> str | None:
 def run_offline(python: str | None, model_dir: str, dtype: str, workload: Workload, prefix_caching: bool,
                 max_model_len: int = 2048, threads: int | None = None) -> PeerResult:
     name = f"vLLM offline{' +prefix cache' if prefix_caching else ''}"
+    out = run_worker(python, model_dir, dtype, workload, prefix_caching, max_model_len, threads)
+    if isinstance(out, str):
+        return PeerResult(name, error=out, prefix_caching=prefix_caching)
+    return PeerResult(name, out["seconds"], out["output_tokens"], version=out.get("vllm_version", ""),
+                      prefix_caching=prefix_caching)
+
+
+def run_worker(python: str | None, model_dir: str, dtype: str, workload: Workload, prefix_caching: bool = False,
+               max_model_len: int = 2048, threads: int | None = None,
+               return_tokens: bool = False) -> dict[str, Any] | str:
+    """vllm_worker.py's RESULT (token counts checked against the workload), or why there is none."""
     reason = missing_reason(python)
     if reason or python is None:
-        return PeerResult(name, error=reason, prefix_caching=prefix_caching)
+        return reason or "not run"
     spec = {"model": model_dir, "dtype": dtype, "prefix_caching": prefix_caching, "max_model_len": max_model_len,
-            "prompts": workload.prompts, "output_lens": workload.output_lens}
+            "prompts": workload.prompts, "output_lens": workload.output_lens, "return_tokens": return_tokens}
     with tempfile.TemporaryDirectory(prefix="pageserve-vllm-") as tmp:
         spec_path = Path(tmp) / "spec.json"
         spec_path.write_text(json.dumps(spec))
@@ -87,19 +101,15 @@ def run_offline(python: str | None, model_dir: str, dtype: str, workload: Worklo
             done = subprocess.run([python, str(WORKER), "offline", str(spec_path)], env=peer_env(threads), cwd=tmp,
                                   capture_output=True, text=True, timeout=OFFLINE_TIMEOUT_S)
         except subprocess.TimeoutExpired:
-            return PeerResult(name, error=f"failed: no result within {OFFLINE_TIMEOUT_S:g} s",
-                              prefix_caching=prefix_caching)
+            return f"failed: no result within {OFFLINE_TIMEOUT_S:g} s"
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode != 0 or not lines:
         tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
-        return PeerResult(name, error=f"failed (exit {done.returncode}): {' | '.join(tail)[-400:]}",
-                          prefix_caching=prefix_caching)
-    out = json.loads(lines[-1][len("RESULT "):])
+        return f"failed (exit {done.returncode}): {' | '.join(tail)[-400:]}"
+    out: dict[str, Any] = json.loads(lines[-1][len("RESULT "):])
     if out["output_tokens"] != workload.output_tokens:
-        return PeerResult(name, error=f"produced {out['output_tokens']} tokens, wanted {workload.output_tokens}",
-                          prefix_caching=prefix_caching)
-    return PeerResult(name, out["seconds"], out["output_tokens"], version=out.get("vllm_version", ""),
-                      prefix_caching=prefix_caching)
+        return f"produced {out['output_tokens']} tokens, wanted {workload.output_tokens}"
+    return out
 
 
 class VllmServer:

@@ -1,7 +1,9 @@
 """Runs under vLLM's own Python (`--vllm-python PATH`): the peer's side of a same-run comparison.
 
     PATH ops/bench/vllm_worker.py offline SPEC.json   # LLM.generate on the spec's token-id prompts;
-                                                      # prints one line "RESULT {json}"
+                                                      # prints one line "RESULT {json}" (with every
+                                                      # request's token ids when the spec says
+                                                      # "return_tokens": bench agreement)
     PATH ops/bench/vllm_worker.py serve ARGS...       # `vllm serve ARGS...`
 
 Imports only the standard library and vllm, never our packages: vLLM lives in its
@@ -43,17 +45,18 @@ def offline(spec_path: str) -> dict[str, Any]:
     llm = LLM(model=spec["model"], dtype=spec["dtype"], enable_prefix_caching=spec["prefix_caching"],
               max_model_len=spec["max_model_len"], seed=0)
 
-    def run(prompts: list[list[int]], lens: list[int]) -> tuple[float, int]:
+    def run(prompts: list[list[int]], lens: list[int]) -> tuple[float, list[list[int]]]:
         params = [SamplingParams(temperature=0.0, max_tokens=n, min_tokens=n, ignore_eos=True) for n in lens]
         t0 = time.perf_counter()
         outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
-        return time.perf_counter() - t0, sum(len(o.outputs[0].token_ids) for o in outs)
+        return time.perf_counter() - t0, [list(o.outputs[0].token_ids) for o in outs]
 
     run([[100 + i] * 8 for i in range(2)], [4, 4])  # warm-up: torch.compile and first-step costs
-    seconds, produced = run(spec["prompts"], spec["output_lens"])
+    seconds, tokens = run(spec["prompts"], spec["output_lens"])
     import vllm
 
-    return {"seconds": seconds, "output_tokens": produced, "vllm_version": vllm.__version__}
+    result = {"seconds": seconds, "output_tokens": sum(len(t) for t in tokens), "vllm_version": vllm.__version__}
+    return {**result, "token_ids": tokens} if spec.get("return_tokens") else result
 
 
 def main(argv: list[str]) -> int:
