@@ -33,7 +33,7 @@ from gateway.sse import DONE, SSEResponse, sse_event
 from gateway.state import EngineHandle, GatewayState
 from gateway.token_limits import check_token_ids, vocab_size_of
 from gateway.tool_parser import ToolCallParser
-from shared.protocol import Ready
+from shared.model_info import ModelInfo
 from shared.sampling import SamplingError, SamplingParams
 
 log = logging.getLogger("pageserve.gateway")
@@ -84,10 +84,10 @@ def plan(state: GatewayState, endpoint: Endpoint, settings: GenerationSettings, 
     return Plan(endpoint, settings, prompt, sampling, engine, sampling.n * per_sample)
 
 
-def _with_engine_defaults(sampling: SamplingParams, settings: GenerationSettings, info: Ready) -> SamplingParams:
+def _with_engine_defaults(sampling: SamplingParams, settings: GenerationSettings, info: ModelInfo) -> SamplingParams:
     """The engine's announced defaults (the model's generation_config.json, or --default-sampling) for the
     fields the body left out; then the ids the request names checked against the vocabulary."""
-    sampling = sampling.with_defaults({d.name: d.value for d in info.default_sampling}, settings.given)
+    sampling = sampling.with_defaults(info.sampling_defaults(), settings.given)
     if info.vocab_size:
         try:
             sampling.check_vocabulary(info.vocab_size)

@@ -14,10 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gateway.engine_client import EngineDeadError
-from shared.protocol import AddRequest, Finished, Ready, Stats, TokenDelta, TokenLogprob, Usage
+from shared.model_info import ModelInfo
+from shared.protocol import AddRequest, Finished, Stats, TokenDelta, TokenLogprob, Usage
 
-MODEL_INFO = Ready(protocol_version=1, model_name="smollm2", max_model_len=256, block_size=16,
-                   eos_token_id=2, num_blocks=64, vocab_size=49152)
+MODEL_INFO = ModelInfo(model_name="smollm2", max_model_len=256, block_size=16, eos_token_id=2, num_blocks=64,
+                       vocab_size=49152)
 
 
 def _logprobs(request: AddRequest, token: int) -> list[TokenLogprob]:
@@ -93,7 +94,7 @@ class FakeStream:
 @dataclass
 class FakeEngine:
     script: Callable[[AddRequest], Script]
-    model_info: Ready = MODEL_INFO
+    model_info: ModelInfo = MODEL_INFO
     dead: bool = False
     submitted: list[AddRequest] = field(default_factory=list)
     aborted: list[str] = field(default_factory=list)

@@ -15,6 +15,7 @@ import pytest
 import zmq
 
 from engine.step_failures import RequestsFailed
+from shared.model_info import ModelInfo
 from shared.protocol import (
     DEADLINE_EXCEEDED,
     PROTOCOL_VERSION,
@@ -75,7 +76,7 @@ def add(rid: str, max_tokens: int = 4, prompt: list[int] | None = None, n: int =
 
 def test_hello_gets_ready_with_the_model_facts(engine: Running, ctx: zmq.Context) -> None:
     gw = RawGateway(ctx, engine.server.address)
-    assert gw.ready == Ready(PROTOCOL_VERSION, "fake", 64, 4, 2, 64, 1000, [])
+    assert gw.ready == Ready(PROTOCOL_VERSION, ModelInfo("fake", 64, 4, 2, 64, 1000))
 
 
 def test_version_mismatch_is_refused_naming_both_versions(engine: Running, ctx: zmq.Context) -> None:
@@ -213,7 +214,7 @@ def test_duplicate_request_id_in_flight_is_refused(engine: Running, ctx: zmq.Con
 
 def test_garbage_frames_are_answered_and_survived(engine: Running, ctx: zmq.Context) -> None:
     gw = RawGateway(ctx, engine.server.address)
-    garbage = [b"", b"\xc1\xff", b"\x93\x01", encode(add("x"))[:-3], encode(Ready(1, "m", 1, 1, None, 1)),
+    garbage = [b"", b"\xc1\xff", b"\x93\x01", encode(add("x"))[:-3], encode(Ready(1, ModelInfo("m", 1, 1, None, 1))),
                b"\x92\x63\x01"]
     for frame in garbage:
         gw.sock.send(frame)
