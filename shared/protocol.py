@@ -151,6 +151,9 @@ class Finished:
     index: int
     reason: FinishReason
     usage: Usage
+    queue_seconds: float | None = None
+    """Seconds from the request's arrival at the engine to its first scheduling (the same for every
+    sample; vllm:request_queue_time_seconds). None: never scheduled (aborted while queued), or an older engine."""
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,8 @@ class Script:
     """Never finish: the stream waits for an abort after the tokens."""
     fail: Exception | None = None
     """Raised from the iterator after the tokens (an engine error mid-stream)."""
+    queue_seconds: float | None = None
+    """The engine's queue time every Finished reports (None: as an older engine, none)."""
 
 
 class FakeStream:
@@ -64,7 +66,7 @@ class FakeStream:
             await asyncio.Event().wait()
         for index, tokens in enumerate(script.samples):
             self._queue.put_nowait(Finished(request.request_id, index, script.reason,  # type: ignore[arg-type]
-                                            Usage(n_prompt, len(tokens), 0)))
+                                            Usage(n_prompt, len(tokens), 0), script.queue_seconds))
 
     @property
     def finished(self) -> bool:

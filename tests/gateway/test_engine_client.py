@@ -71,7 +71,9 @@ def test_handshake_gives_model_info_and_a_stream_yields_deltas_then_finished(eng
     info, items, left = asyncio.run(main())
     assert (info.model_name, info.max_model_len, info.block_size, info.num_blocks) == ("fake", 64, 4, 64)
     assert [i.new_token_ids for i in items if isinstance(i, TokenDelta)] == [[100], [101], [102]]
-    assert items[-1] == Finished("r1", 0, "length", Usage(3, 3, 0))
+    last = items[-1]
+    assert isinstance(last, Finished) and last.queue_seconds is not None and 0 <= last.queue_seconds < 5
+    assert last == Finished("r1", 0, "length", Usage(3, 3, 0), last.queue_seconds)
     assert left == 0
 
 

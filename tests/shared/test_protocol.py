@@ -65,7 +65,7 @@ GOLDEN_HEX = {
         "cb4000000000000000a173c0"
     ),
     "Abort": "920492a161a162",
-    "StepOutputs": "94059197a57265712d3100922ace00011170030200909194a57265712d3100a66c656e6774689303020009",
+    "StepOutputs": "94059197a57265712d3100922ace00011170030200909195a57265712d3100a66c656e67746893030200c009",
     "Error": (
         "9606a57265712d31a772657175657374ae746f6b656e206964203520626164b0726571756573745f72656a6563746564"
         "a670726f6d7074"
@@ -114,6 +114,10 @@ OLDER_PEER_HEX = {
         "6c6f6769745f62696173919207cb4059000000000000a86c6f6770726f62730200a0cb0000000000000000cb3ff0000000000000a0",
         AddRequest("req-2", [1], SamplingParams(presence_penalty=0.5, frequency_penalty=-1.0, repetition_penalty=1.25,
                                                 min_p=0.125, logit_bias=((7, 100.0),), logprobs=2))),
+    # its Finished before queue_seconds (the queue time of issue 12)
+    "StepOutputs with logprobs": (
+        "94059197a57265712d3100922ace00011170030200909194a57265712d3100a66c656e6774689303020009",
+        SAMPLES["StepOutputs"]),
     # its TokenDelta before logprobs
     "StepOutputs": (
         "94059196a57265712d3100922ace000111700302009194a57265712d3100a66c656e6774689303020009", SAMPLES["StepOutputs"]),
@@ -135,6 +139,10 @@ EXTENDED: dict[str, tuple[Message, str]] = {
         "cbbff0000000000000b272657065746974696f6e5f70656e616c7479cb3ff4000000000000a56d696e5f70cb3fc0000000000000aa"
         "6c6f6769745f62696173919207cb4059000000000000a86c6f6770726f62730200a0cb0000000000000000cb3ff0000000000000a0c0"
     ),  # (the trailing c0: the grammar, appended after; the frame without it is in OLDER_PEER_HEX)
+    "Finished with queue time": (
+        StepOutputs([], [Finished("req-3", 1, "stop", Usage(5, 4, 2), 0.25)], 7),
+        "9405909195a57265712d3301a473746f7093050402cb3fd000000000000007",
+    ),
     "StepOutputs": (
         StepOutputs([TokenDelta("req-2", 0, [42], 1, 1, 0, [TokenLogprob(-0.5, [42, 7], [-0.5, -1.25])])], [], 3),
         "94059197a57265712d3200912a0101009193cbbfe0000000000000922a0792cbbfe0000000000000cbbff40000000000009003",

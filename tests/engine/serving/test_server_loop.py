@@ -113,6 +113,17 @@ def test_one_step_batches_all_of_a_gateways_requests_into_one_message(engine: Ru
     assert ["a", "b"] in per_step  # a step that ran both sent them together
 
 
+def test_finished_carries_the_time_from_arrival_to_the_first_step(engine: Running, ctx: zmq.Context) -> None:
+    gw = RawGateway(ctx, engine.server.address)
+    engine.core.step_gate.clear()  # the first step waits: the request is queued meanwhile
+    gw.send(add("held", max_tokens=2))
+    assert engine.core.entered_step.wait(5.0)
+    time.sleep(0.2)
+    engine.core.step_gate.set()
+    (fin,) = [f for m in gw.recv_until_finished({"held"}) for f in m.finished]
+    assert fin.queue_seconds is not None and 0.2 <= fin.queue_seconds < 5.0
+
+
 def test_two_gateways_outputs_are_not_mixed(engine: Running, ctx: zmq.Context) -> None:
     gw1, gw2 = RawGateway(ctx, engine.server.address), RawGateway(ctx, engine.server.address)
     for i in range(3):
