@@ -28,6 +28,7 @@ A request's path through the package:
                      watches the engine's step counter (a stalled engine fails open streams)
     request_context.py  per request: x-request-id, access-log line, metrics, 503 while draining
     metrics.py       /metrics: prometheus-client (multiprocess) + the engine's Stats under vLLM names
+    routing_metrics.py  the replica router's decisions and each replica's load on /metrics (pageserve:)
     ops_routes.py    GET /ready, /version, /metrics;  lifecycle.py: SIGTERM drain
     logging_setup.py text or JSON logs (python-json-logger)
     errors.py        4xx / 500 / 503 in OpenAI's error body

@@ -13,7 +13,8 @@ Two sources, one scrape (`GET /metrics`, `render`):
 
 Names follow vLLM (vllm/v1/metrics/loggers.py) wherever vLLM has the figure, with
 its types and its labels `model_name` and `engine`, so vLLM dashboards work
-unchanged; our own figures are under `pageserve:`. Labels hold tenant names,
+unchanged; our own figures are under `pageserve:` (the replica router's in
+gateway/routing_metrics.py). Labels hold tenant names, replica addresses,
 routes, statuses and kinds only: never a key, never prompt text.
 """
 
@@ -30,6 +31,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 from prometheus_client.registry import Collector
 
+from gateway.routing_metrics import RoutingMetrics
 from shared.protocol import Stats
 
 ENGINE_INDEX = "0"
@@ -129,13 +131,15 @@ class GatewayMetrics:
                                          MODEL_LABELS, buckets=TOKEN_BUCKETS, registry=r)
         self.queue_time = Histogram("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING "
                                     "phase for request.", MODEL_LABELS, buckets=LATENCY_BUCKETS, registry=r)
+        self.routing = RoutingMetrics()
+        """The replica router's decisions (gateway/routing_metrics.py), fed by its counters."""
         self.success = Counter("vllm:request_success", "Count of successfully processed requests.",
                                [*MODEL_LABELS, "finished_reason"], registry=r)
 
     def collectors(self) -> list[Collector]:
         return [self.requests, self.request_seconds, self.prompt_tokens, self.generation_tokens, self.cached_tokens,
                 self.refusals, self.active_streams, self.admission_seconds, self.ttft, self.tpot, self.e2e,
-                self.prompt_hist, self.generation_hist, self.queue_time, self.success]
+                self.prompt_hist, self.generation_hist, self.queue_time, self.success, *self.routing.collectors()]
 
     def observe(self, o: RequestObservation) -> None:
         self.requests.labels(o.tenant, o.route, str(o.status)).inc()
@@ -239,8 +243,9 @@ def _loads(s: Stats, labels: list[str]) -> Iterator[Metric]:
     yield from (queued, running, in_flight, tokens)
 
 
-def render(metrics: GatewayMetrics, engine: Collector) -> bytes:
-    """One scrape in Prometheus text format: every worker's request metrics plus the engine's figures."""
+def render(metrics: GatewayMetrics, *at_scrape: Collector) -> bytes:
+    """One scrape in Prometheus text format: every worker's request metrics plus the figures collected at
+    scrape time (the engine's, the replicas')."""
     registry = CollectorRegistry(auto_describe=False)
     path = multiprocess_dir()
     if path is not None:
@@ -249,5 +254,6 @@ def render(metrics: GatewayMetrics, engine: Collector) -> bytes:
     else:
         for c in metrics.collectors():
             registry.register(c)
-    registry.register(engine)
+    for collector in at_scrape:
+        registry.register(collector)
     return generate_latest(registry)

@@ -72,6 +72,10 @@ def test_ready_version_and_metrics_move_with_requests(make_gateway: Any) -> None
     assert sample(after, "vllm:request_success", "vllm:request_success_total", finished_reason="length") == 1
     assert sample(after, "pageserve:active_streams", "pageserve:active_streams") == 0
     assert sample(after, "pageserve:engine_up", "pageserve:engine_up") == 1
+    # One engine, no replica router: its counters stay 0 and there are no per-replica gauges.
+    assert after["pageserve:router_retries"].type == "counter"
+    assert sample(after, "pageserve:router_retries", "pageserve:router_retries_total") == 0
+    assert "pageserve:live_replicas" not in after and "pageserve:replica_requests_waiting" not in after
 
 
 def test_the_engines_queue_time_is_vllms_histogram_observed_once_per_request(make_gateway: Any) -> None:
