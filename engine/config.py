@@ -9,7 +9,7 @@
 Nothing here is ever written after construction. What start-up derives from
 these values (how many KV blocks fit in the budget, the model's real context
 length) lives in `CacheLayout` (engine/worker/kv_cache.py) and `ModelInfo`
-(engine/core.py), never back in a config.
+(shared/model_info.py, built by engine/core.py), never back in a config.
 """
 
 from __future__ import annotations
@@ -88,6 +88,9 @@ class EngineConfig:
     """Seeds the generators of requests that give no seed of their own."""
     enforce_eager: bool = False
     """On CUDA, run decode steps eagerly instead of replaying CUDA graphs (engine/worker/decode_graphs.py)."""
+    default_sampling: str | None = None
+    """--default-sampling: a JSON object overriding the model's sampling defaults key by key
+    (engine/worker/sampling_defaults.py); None: the model's own."""
 
     def __post_init__(self) -> None:
         if self.attention_backend not in BACKENDS:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 
 from engine.config import EngineConfig
@@ -32,25 +31,11 @@ from engine.worker.kv_cache import CacheLayout, KVCache
 from engine.worker.model_loader import DTYPES, load_model
 from engine.worker.model_runner import ModelRunner
 from engine.worker.sampler import Sampler
+from engine.worker.sampling_defaults import resolve_sampling_defaults
 from engine.worker.structured_outputs import StructuredOutputs
 from pageserve_kernels.attention_launch import KernelVariant
 from pageserve_kernels.dispatch import select_backend
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    """Facts about the loaded model and its cache, derived at start-up."""
-
-    name: str
-    path: Path
-    """The HF folder (the gateway and `LLM` load the tokenizer from it)."""
-    dtype: str
-    max_model_len: int
-    eos_token_id: int | None
-    vocab_size: int
-    block_size: int
-    num_device_blocks: int
-    num_cpu_blocks: int
+from shared.model_info import ModelInfo, SamplingDefault
 
 
 class EngineCore:
@@ -83,17 +68,21 @@ class EngineCore:
             graphs = DecodeGraphs(loaded.model, self.kv_cache.layers, self.runner.attention)
             graphs.capture(bucket_sizes(config.scheduler.max_num_seqs), max_model_len, layout.block_size)
             self.runner.decode_graphs = graphs
+        defaults = resolve_sampling_defaults(loaded.path, loaded.name, config.default_sampling)
         self.model_info = ModelInfo(
-            name=loaded.name,
-            path=loaded.path,
-            dtype=loaded.dtype,
+            model_name=loaded.name,
             max_model_len=max_model_len,
-            eos_token_id=loaded.eos_token_id,
-            vocab_size=loaded.shape.vocab_size,
             block_size=layout.block_size,
-            num_device_blocks=layout.num_device_blocks,
-            num_cpu_blocks=layout.num_cpu_blocks,
+            eos_token_id=loaded.eos_token_id,
+            num_blocks=layout.num_device_blocks,
+            vocab_size=loaded.shape.vocab_size,
+            default_sampling=tuple(SamplingDefault(k, v) for k, v in defaults.items()),
         )
+        """The one record of the model's facts: the server checks and announces it, Ready carries it."""
+        self.model_path: Path = loaded.path
+        """The HF folder (`LLM` and the benchmarks load the tokenizer from it); engine-local, never sent."""
+        self.dtype: str = loaded.dtype
+        """The dtype it runs in ("auto" resolved)."""
 
     def add_request(self, request: Request) -> None:
         """Queue a request (raises RequestRejected when it could never run)."""

@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.config import CacheConfig, EngineConfig, ModelConfig
-from engine.core import EngineCore, ModelInfo
+from engine.core import EngineCore
 from engine.request import Request
 from engine.scheduling.config import SchedulerConfig
+from shared.model_info import ModelInfo
 from shared.protocol import TokenLogprob
 from shared.sampling import SamplingParams
 from shared.structured import GrammarSpec
@@ -103,7 +104,7 @@ class LLM:
         if self._tokenizer is None:
             from transformers import AutoTokenizer
 
-            self._tokenizer = AutoTokenizer.from_pretrained(self.model_info.path)
+            self._tokenizer = AutoTokenizer.from_pretrained(self.core.model_path)
         return self._tokenizer
 
     def encode_chat(self, user_message: str) -> list[int]:

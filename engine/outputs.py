@@ -94,6 +94,9 @@ class RequestDelta:
     """Which of the request's n samples (the OpenAI choice index)."""
     logprobs: list[TokenLogprob] = field(default_factory=list)
     """One per new token when the request asked for logprobs."""
+    queue_seconds: float | None = None
+    """Seconds from the engine's arrival to the first scheduling (vllm:request_queue_time_seconds);
+    None until the request was first scheduled."""
 
     @property
     def finished(self) -> bool:

@@ -12,12 +12,14 @@ A request's path through the package:
                      in the last seconds), then key + quota ticket in one Redis round trip at admission
     body.py          bytes -> JSON object: content type, size limit, strict JSON, or 4xx
     request_fields.py which top-level fields are honoured, refused unless neutral, or ignored (vLLM's policy)
-    schemas.py       body checked field by field -> SamplingParams + stop strings, or 400 naming the param
+    schemas.py       body checked field by field -> the sampling fields it set + stop strings, or 400 naming the param
     response_format.py  response_format / structured_outputs / guided_* -> GrammarSpec (schema meta-checked)
     tools.py         tools + tool_choice -> ToolPlan (forced calls as a grammar); tools in tool-unaware templates
     tool_parser.py   the model's Hermes-format tool calls out of its text, streamed as argument deltas
     prompts.py       chat template + tokenization (tokenizer.py: tokenizers + jinja2, no torch)
-    serving.py       context check, admission, submit, then SSE (sse.py) or one JSON body;
+    sampling_plan.py the one SamplingParams (max_tokens decided: the client's or the room left, the engine's
+                     defaults filled in) and the output tokens admission reserves, decided together
+    serving.py       token-id checks, admission, submit, then SSE (sse.py) or one JSON body;
                      settlement after the last byte
     generation.py    one request in flight: engine deltas -> text per choice (detokenizer.py,
                      stop_strings.py); the single close/settle
@@ -26,6 +28,7 @@ A request's path through the package:
                      watches the engine's step counter (a stalled engine fails open streams)
     request_context.py  per request: x-request-id, access-log line, metrics, 503 while draining
     metrics.py       /metrics: prometheus-client (multiprocess) + the engine's Stats under vLLM names
+    routing_metrics.py  the replica router's decisions and each replica's load on /metrics (pageserve:)
     ops_routes.py    GET /ready, /version, /metrics;  lifecycle.py: SIGTERM drain
     logging_setup.py text or JSON logs (python-json-logger)
     errors.py        4xx / 500 / 503 in OpenAI's error body

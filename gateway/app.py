@@ -32,6 +32,7 @@ from gateway.errors import (
 from gateway.lifecycle import Lifecycle
 from gateway.metrics import GatewayMetrics
 from gateway.ops_routes import ops_routes
+from gateway.replicas import observe_routing
 from gateway.request_context import RequestContextMiddleware
 from gateway.routes import ROUTES
 from gateway.state import GatewayState, open_services
@@ -55,6 +56,7 @@ def create_app(config: GatewayConfig, services: ServicesFactory = open_services)
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, GatewayState]]:
         async with services(config) as state:
             engine_holder.append(state)
+            observe_routing(state.engine, metrics.routing)  # with replicas: their routing on /metrics
             lifecycle.install()
             yield {"gateway": state}
 

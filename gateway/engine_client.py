@@ -5,8 +5,8 @@ Usage (the whole interface the rest of the gateway relies on):
     client = EngineClient("tcp://127.0.0.1:5555")      # gateway_id defaults to host-pid-random
     await client.start()            # connect + Hello/Ready handshake; raises EngineUnavailableError
                                     # on timeout or protocol version mismatch (message names both)
-    client.model_info               # the engine's Ready: model_name, max_model_len, block_size,
-                                    # eos_token_id, num_blocks
+    client.model_info               # the ModelInfo carried by Ready: model_name, max_model_len, block_size,
+                                    # eos_token_id, num_blocks, vocab_size, default_sampling
     client.healthy                  # False once the engine died or reported a fatal error
 
     stream = await client.submit(AddRequest(request_id, prompt_token_ids, sampling, ...))
@@ -50,6 +50,7 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from shared.curve import ClientKeys, connect_curve
+from shared.model_info import ModelInfo
 from shared.protocol import (
     PROTOCOL_VERSION,
     SHUTTING_DOWN,
@@ -172,7 +173,7 @@ class EngineClient:
         self._tasks: list[asyncio.Task[None]] = []
         self._streams: dict[str, RequestStream] = {}
         self._stats_waiters: collections.deque[asyncio.Future[Stats]] = collections.deque()
-        self._model_info: Ready | None = None
+        self._model_info: ModelInfo | None = None
         self._dead: EngineDeadError | None = None
         self.last_step = -1
         """The newest engine step counter seen in StepOutputs (the engine's heartbeat, gateway/engine_link.py)."""
@@ -180,7 +181,7 @@ class EngineClient:
     # ----------------------------------------------------------------- lifecycle
 
     @property
-    def model_info(self) -> Ready:
+    def model_info(self) -> ModelInfo:
         if self._model_info is None:
             raise EngineUnavailableError("EngineClient.start() has not completed")
         return self._model_info
@@ -210,13 +211,13 @@ class EngineClient:
             ) from None
         reply = self._decode_handshake(frames)
         if isinstance(reply, Ready) and reply.protocol_version == PROTOCOL_VERSION:
-            self._model_info = reply
+            self._model_info = reply.model
         else:
             await self.close()
             raise EngineUnavailableError(self._handshake_refusal(reply))
         self._tasks = [asyncio.create_task(self._guarded(self._read_loop())),
                        asyncio.create_task(self._guarded(self._watch_loop()))]
-        log.info("connected to engine at %s: model %s", self.address, reply.model_name)
+        log.info("connected to engine at %s: model %s", self.address, reply.model.model_name)
 
     def _decode_handshake(self, frames: list[bytes]) -> Message | None:
         try:

@@ -26,7 +26,8 @@ import time
 
 from gateway.engine_client import EngineClient, EngineError, EngineUnavailableError
 from shared.curve import ClientKeys
-from shared.protocol import Ready, Stats
+from shared.model_info import ModelInfo
+from shared.protocol import Stats
 
 log = logging.getLogger("pageserve.gateway")
 
@@ -54,7 +55,7 @@ class EngineLink:
         return self._client if self._client is not None and self._client.healthy else None
 
     @property
-    def model_info(self) -> Ready | None:
+    def model_info(self) -> ModelInfo | None:
         client = self.client
         return client.model_info if client is not None else None
 

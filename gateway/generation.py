@@ -75,6 +75,9 @@ class Observer(Protocol):
 
     def on_tokens(self, num_tokens: int) -> None: ...
     def on_end(self, prompt: int, completion: int, cached: int, outcome: str, reasons: list[str]) -> None: ...
+    def on_queued(self, seconds: float) -> None:
+        """The engine's queue time of the request (from its Finished; the same for every sample)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -237,6 +240,8 @@ class Generation:
             raise EngineUnavailable("the engine aborted the request (it is shutting down)", code="engine_abort")
         self.usage.cached_tokens = item.usage.cached_tokens
         sample.finish_reason = item.reason
+        if item.queue_seconds is not None and self.observer is not None:
+            self.observer.on_queued(item.queue_seconds)
         tail = sample.stops.flush()
         return [ChoiceDelta(item.index, tail, item.reason)]
 

@@ -13,7 +13,8 @@ Two sources, one scrape (`GET /metrics`, `render`):
 
 Names follow vLLM (vllm/v1/metrics/loggers.py) wherever vLLM has the figure, with
 its types and its labels `model_name` and `engine`, so vLLM dashboards work
-unchanged; our own figures are under `pageserve:`. Labels hold tenant names,
+unchanged; our own figures are under `pageserve:` (the replica router's in
+gateway/routing_metrics.py). Labels hold tenant names, replica addresses,
 routes, statuses and kinds only: never a key, never prompt text.
 """
 
@@ -30,6 +31,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 from prometheus_client.registry import Collector
 
+from gateway.routing_metrics import RoutingMetrics
 from shared.protocol import Stats
 
 ENGINE_INDEX = "0"
@@ -42,7 +44,7 @@ TPOT_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1
                 40.0, 80.0]
 LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
                    240.0, 480.0, 960.0, 1920.0, 7680.0]
-"""The three bucket lists vLLM uses for the same histograms."""
+"""The three bucket lists vLLM uses for the same histograms (LATENCY_BUCKETS for e2e and queue time)."""
 TOKEN_BUCKETS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000]
 ADMISSION_BUCKETS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5]
 
@@ -92,6 +94,8 @@ class RequestObservation:
     refusal: str
     generated: bool
     """The request reached the engine (a generation), so the vLLM request histograms apply."""
+    queue_s: float | None = None
+    """The engine's queue time: from its arrival there to its first scheduling (None: never scheduled)."""
 
 
 class GatewayMetrics:
@@ -125,13 +129,17 @@ class GatewayMetrics:
                                      MODEL_LABELS, buckets=TOKEN_BUCKETS, registry=r)
         self.generation_hist = Histogram("vllm:request_generation_tokens", "Number of generation tokens processed.",
                                          MODEL_LABELS, buckets=TOKEN_BUCKETS, registry=r)
+        self.queue_time = Histogram("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING "
+                                    "phase for request.", MODEL_LABELS, buckets=LATENCY_BUCKETS, registry=r)
+        self.routing = RoutingMetrics()
+        """The replica router's decisions (gateway/routing_metrics.py), fed by its counters."""
         self.success = Counter("vllm:request_success", "Count of successfully processed requests.",
                                [*MODEL_LABELS, "finished_reason"], registry=r)
 
     def collectors(self) -> list[Collector]:
         return [self.requests, self.request_seconds, self.prompt_tokens, self.generation_tokens, self.cached_tokens,
                 self.refusals, self.active_streams, self.admission_seconds, self.ttft, self.tpot, self.e2e,
-                self.prompt_hist, self.generation_hist, self.success]
+                self.prompt_hist, self.generation_hist, self.queue_time, self.success, *self.routing.collectors()]
 
     def observe(self, o: RequestObservation) -> None:
         self.requests.labels(o.tenant, o.route, str(o.status)).inc()
@@ -151,6 +159,8 @@ class GatewayMetrics:
         self.generation_hist.labels(*model).observe(o.completion_tokens)
         if o.ttft_s is not None:
             self.ttft.labels(*model).observe(o.ttft_s)
+        if o.queue_s is not None:
+            self.queue_time.labels(*model).observe(o.queue_s)
         tpot = self.tpot.labels(*model)
         for interval in o.token_intervals_s:
             tpot.observe(interval)
@@ -233,8 +243,9 @@ def _loads(s: Stats, labels: list[str]) -> Iterator[Metric]:
     yield from (queued, running, in_flight, tokens)
 
 
-def render(metrics: GatewayMetrics, engine: Collector) -> bytes:
-    """One scrape in Prometheus text format: every worker's request metrics plus the engine's figures."""
+def render(metrics: GatewayMetrics, *at_scrape: Collector) -> bytes:
+    """One scrape in Prometheus text format: every worker's request metrics plus the figures collected at
+    scrape time (the engine's, the replicas')."""
     registry = CollectorRegistry(auto_describe=False)
     path = multiprocess_dir()
     if path is not None:
@@ -243,5 +254,6 @@ def render(metrics: GatewayMetrics, engine: Collector) -> bytes:
     else:
         for c in metrics.collectors():
             registry.register(c)
-    registry.register(engine)
+    for collector in at_scrape:
+        registry.register(collector)
     return generate_latest(registry)

@@ -6,7 +6,7 @@
     /version  the package and wire-protocol versions and the model served.
     /metrics  Prometheus text format (gateway/metrics.py).
 
-They hold nothing secret: no tenant names, no keys.
+They hold nothing secret: no tenant names, no keys (replica labels are engine addresses).
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from starlette.routing import Route
 
 from gateway.lifecycle import Lifecycle
 from gateway.metrics import EngineCollector, GatewayMetrics, render
+from gateway.replicas import replica_loads
+from gateway.routing_metrics import ReplicaCollector
 from gateway.state import get_state
 from shared.protocol import PROTOCOL_VERSION
 
@@ -65,7 +67,8 @@ def ops_routes(metrics: GatewayMetrics, lifecycle: Lifecycle) -> list[Route]:
             model = client.model_info.model_name if client is not None else state.config.model
             return state.engine.latest_stats, model, state.engine.progressing
 
-        return Response(render(metrics, EngineCollector(latest)), media_type=METRICS_CONTENT_TYPE)
+        replicas = ReplicaCollector(lambda: replica_loads(state.engine))
+        return Response(render(metrics, EngineCollector(latest), replicas), media_type=METRICS_CONTENT_TYPE)
 
     return [
         Route("/ready", ready, methods=["GET"]),

@@ -64,6 +64,8 @@ class RequestRecord:
     completion_tokens: int = 0
     cached_tokens: int = 0
     finish_reasons: list[str] = field(default_factory=list)
+    queue_s: float | None = None
+    """The engine's queue time (arrival at the engine to first scheduling), from its Finished."""
 
     def engine_id(self, prefix: str) -> str:
         """The engine request id (and completion id) that carries this request's x-request-id."""
@@ -87,6 +89,10 @@ class RequestRecord:
         self.outcome = outcome
         self.finish_reasons = [r for r in reasons if r in ("stop", "length")]
 
+    def on_queued(self, seconds: float) -> None:
+        if self.queue_s is None:  # every sample reports the same request's queue time
+            self.queue_s = seconds
+
     def observation(self, e2e_s: float) -> RequestObservation:
         ttft = None if self.first_token_at is None else self.first_token_at - self.started
         return RequestObservation(
@@ -94,7 +100,7 @@ class RequestRecord:
             ttft_s=ttft, token_intervals_s=self.token_intervals_s, prompt_tokens=self.prompt_tokens,
             completion_tokens=self.completion_tokens, cached_tokens=self.cached_tokens,
             finish_reasons=self.finish_reasons, admission_s=self.admission_s, refusal=self.refusal,
-            generated=self.submitted,
+            generated=self.submitted, queue_s=self.queue_s,
         )
 
     def log_fields(self, e2e_s: float) -> dict[str, Any]:

@@ -71,7 +71,7 @@ async def _read_body(request: Request, state: GatewayState) -> dict[str, Any]:
 def _check_settings(state: GatewayState, settings: GenerationSettings) -> None:
     """What needs the model: its name, and stop token ids inside its vocabulary."""
     check_model(state, settings.model)
-    state.prompts.check_vocab(list(settings.sampling.stop_token_ids), "stop_token_ids")
+    state.prompts.check_vocab(list(settings.stop_token_ids), "stop_token_ids")
 
 
 ROUTES = [

@@ -1,12 +1,13 @@
 """OpenAI request bodies: parsed and checked field by field, turned into typed requests.
 
 Owns the shape of `/v1/chat/completions` and `/v1/completions` bodies and their
-conversion to `SamplingParams` + stop strings. Every failure becomes an
+conversion to the sampling fields the body set + stop strings (the one `SamplingParams`
+is built by gateway/sampling_plan.py, once max_tokens is known). Every failure becomes an
 `InvalidRequest` naming the offending `param`. Which top-level fields are
 honoured, refused or ignored is `gateway/request_fields.py`'s table; integers
 are bounded here to what the wire and the sampler hold (int32 counts and ids,
 int64 seeds), so nothing out of range reaches the msgpack encoder; the ranges
-that are a sampling rule (n, temperature, top_p...) are `SamplingParams`'.
+that are a sampling rule (n, temperature, top_p...) are `SamplingParams`', applied when it is built.
 The request models are also the source of `/openapi.json` (gateway/openapi.py).
 It knows nothing about tokenizers, the engine or tenants: limits that need the
 tokenizer or the model (prompt length vs context, vocabulary) are checked by the handler.
@@ -16,7 +17,9 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -25,7 +28,7 @@ from gateway.errors import InvalidRequest
 from gateway.request_fields import split_fields
 from gateway.response_format import STRUCTURED_FIELDS, grammar_from_body
 from gateway.tools import ToolPlan, plan_tools
-from shared.sampling import MAX_LOGPROBS, SamplingError, SamplingParams
+from shared.sampling import MAX_LOGPROBS
 from shared.structured import GrammarSpec
 
 MAX_STOP_STRINGS = 8
@@ -141,9 +144,12 @@ class GenerationSettings:
     """What both endpoints share once validated."""
 
     model: str
-    sampling: SamplingParams
-    max_tokens_given: bool
-    """False: the handler fills max_tokens from the room left in the context."""
+    sampling_fields: Mapping[str, Any]
+    """The SamplingParams fields the body set, checked by type and wire range only (max_tokens apart):
+    gateway/sampling_plan.py builds the one SamplingParams from them, max_tokens and the engine's
+    defaults for the fields left out, and applies the sampling rules there."""
+    max_tokens: int | None
+    """The body's max_tokens (or max_completion_tokens); None: decided from the room left in the context."""
     stop: tuple[str, ...]
     stream: bool
     include_usage: bool
@@ -151,12 +157,15 @@ class GenerationSettings:
     """With include_usage: the usage so far in every chunk (stream_options.continuous_usage_stats)."""
     max_param: str = "max_tokens"
     """The body field max_tokens came from ("max_tokens" or "max_completion_tokens"), for errors."""
-    given: frozenset[str] = frozenset()
-    """The SamplingParams fields the body set: the engine's announced defaults fill only the others."""
     grammar: GrammarSpec | None = None
     """Structured output (response_format, guided_*, or a forced tool call) for the engine."""
     parse_tool_calls: bool = False
     """The request offered tools (tool_choice not "none"): the output's tool calls become tool_calls."""
+
+    @property
+    def stop_token_ids(self) -> tuple[int, ...]:
+        ids: tuple[int, ...] = self.sampling_fields.get("stop_token_ids", ())
+        return ids
 
 
 @dataclass(frozen=True)
@@ -301,28 +310,18 @@ def _settings(parsed: _Body, max_tokens: int | None, max_param: str, logprobs: i
         fields["stop_token_ids"] = tuple(parsed.stop_token_ids)
     if parsed.logit_bias is not None:
         fields["logit_bias"] = _logit_bias(parsed.logit_bias)
-    given = frozenset(fields)
-    # Until the handler knows the room left in the context, a large placeholder keeps
-    # min_tokens validation honest; the handler replaces it.
-    fields["max_tokens"] = max_tokens if max_tokens is not None else max(1, fields.get("min_tokens", 1))
-    try:
-        sampling = SamplingParams(**fields)
-    except SamplingError as e:
-        param = max_param if e.param == "max_tokens" else e.param
-        raise InvalidRequest(str(e), param=param, code="invalid_value") from None
     grammar = grammar_from_body({name: getattr(parsed, name) for name in STRUCTURED_FIELDS})
     return GenerationSettings(
         grammar=grammar,
         model=parsed.model,
-        sampling=sampling,
-        max_tokens_given=max_tokens is not None,
+        sampling_fields=MappingProxyType(fields),
+        max_tokens=max_tokens,
         stop=stop,
         stream=bool(parsed.stream),
         include_usage=bool(parsed.stream_options and parsed.stream_options.include_usage),
         continuous_usage=bool(parsed.stream_options and parsed.stream_options.include_usage
                               and parsed.stream_options.continuous_usage_stats),
         max_param=max_param,
-        given=given,
     )
 
 

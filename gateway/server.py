@@ -162,11 +162,14 @@ def app_from_env() -> Any:
 
 def _metrics_dir(config: GatewayConfig) -> tuple[str, bool]:
     """The multiprocess folder, emptied, exported for the workers; (path, whether it is ours to remove)."""
+    path, ours = (config.metrics_dir, False) if config.metrics_dir else (tempfile.mkdtemp(prefix="pageserve-metrics-"), True)
+    # Set before gateway.metrics is imported: prometheus_client picks its value class (files shared by
+    # workers, or process memory) when it is first imported; chosen wrongly, a one-worker gateway's
+    # request metrics never reach /metrics, which reads the files.
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = path
     from gateway.metrics import clean_multiprocess_dir
 
-    path, ours = (config.metrics_dir, False) if config.metrics_dir else (tempfile.mkdtemp(prefix="pageserve-metrics-"), True)
     clean_multiprocess_dir(path)
-    os.environ["PROMETHEUS_MULTIPROC_DIR"] = path
     return path, ours
 
 

@@ -1,7 +1,7 @@
 """From a validated, tokenized request to an HTTP response: streamed or whole.
 
-Owns the request's path after the route parsed it: `plan` (default max_tokens,
-token ids inside the engine's vocabulary, context-length check), then `serve`: admission (key + quotas, one Redis round
+Owns the request's path after the route parsed it: `plan` (token ids inside the engine's
+vocabulary, then the final sampling and reservation from gateway/sampling_plan.py), then `serve`: admission (key + quotas, one Redis round
 trip), submission, then either an SSE stream of OpenAI chunks or one JSON
 body, and in both cases the single `Generation.close()` (engine abort if still
 running + usage settlement) when it ends, fails or the client goes away; for a
@@ -23,18 +23,18 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.auth import admit
-from gateway.errors import APIError, InternalError, InvalidRequest
-from gateway.generation import Generation, check_context
+from gateway.errors import APIError, InternalError
+from gateway.generation import Generation
 from gateway.logprobs import LogprobEntry
 from gateway.openai_format import Endpoint, ResponseFormat, id_prefix, new_request_id
 from gateway.request_context import record_of
+from gateway.sampling_plan import DecidedSampling, OutputLimits, decide_sampling
 from gateway.schemas import GenerationSettings
 from gateway.sse import DONE, SSEResponse, sse_event
 from gateway.state import EngineHandle, GatewayState
 from gateway.token_limits import check_token_ids, vocab_size_of
 from gateway.tool_parser import ToolCallParser
-from shared.protocol import Ready
-from shared.sampling import SamplingError, SamplingParams
+from shared.sampling import SamplingParams
 
 log = logging.getLogger("pageserve.gateway")
 
@@ -53,47 +53,27 @@ class Plan:
     endpoint: Endpoint
     settings: GenerationSettings
     prompt: PromptInput
-    sampling: SamplingParams
-    """The request's final sampling, max_tokens defaulted to the room left when the client gave none."""
     engine: EngineHandle
-    reserved_output_tokens: int
-    """Output tokens admission reserves: n x max_tokens, or n x the configured cap for a defaulted max_tokens."""
+    decided: DecidedSampling
+    """The final sampling parameters and the output tokens admission reserves, decided together."""
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return self.decided.sampling
 
 
 def plan(state: GatewayState, endpoint: Endpoint, settings: GenerationSettings, prompt: PromptInput) -> Plan:
-    """The one place a request's final sampling parameters and its reservation are decided: default
-    max_tokens, check token ids and the context; 400 or 503 (engine down) before any quota is touched."""
+    """Token ids checked against the engine's vocabulary, then the final sampling parameters and the
+    reservation (gateway/sampling_plan.py); 400 or 503 (engine down) before any quota is touched."""
     engine = state.engine_client()
     info = engine.model_info
-    sampling = settings.sampling
     vocab = vocab_size_of(info.vocab_size, state.prompts.vocab_size)
     check_token_ids(prompt.token_ids, vocab, prompt.param)
-    check_token_ids(sampling.stop_token_ids, vocab, "stop_token_ids")
-    if not settings.max_tokens_given:
-        # The room left in the context, and in the whole KV pool (the engine refuses a request
-        # that could never fit: a default must not make a valid request unservable).
-        limit = min(info.max_model_len, info.num_blocks * info.block_size)
-        room = max(1, limit - len(prompt.token_ids))
-        default = room if endpoint == "chat" else min(room, state.config.completion_default_max_tokens)
-        sampling = dataclasses.replace(sampling, max_tokens=max(default, sampling.min_tokens))
-    check_context(len(prompt.token_ids), sampling.max_tokens, info.max_model_len, prompt.param, settings.max_param)
-    sampling = _with_engine_defaults(sampling, settings, info)
-    per_sample = sampling.max_tokens
-    if not settings.max_tokens_given and state.admission is not None:
-        per_sample = min(per_sample, state.admission.config.default_max_tokens)
-    return Plan(endpoint, settings, prompt, sampling, engine, sampling.n * per_sample)
-
-
-def _with_engine_defaults(sampling: SamplingParams, settings: GenerationSettings, info: Ready) -> SamplingParams:
-    """The engine's announced defaults (the model's generation_config.json, or --default-sampling) for the
-    fields the body left out; then the ids the request names checked against the vocabulary."""
-    sampling = sampling.with_defaults({d.name: d.value for d in info.default_sampling}, settings.given)
-    if info.vocab_size:
-        try:
-            sampling.check_vocabulary(info.vocab_size)
-        except SamplingError as e:
-            raise InvalidRequest(str(e), param=e.param, code="invalid_value") from None
-    return sampling
+    check_token_ids(settings.stop_token_ids, vocab, "stop_token_ids")
+    cap = state.admission.config.default_max_tokens if state.admission is not None else None
+    limits = OutputLimits(state.config.completion_default_max_tokens, reservation_cap=cap)
+    decided = decide_sampling(endpoint, settings, len(prompt.token_ids), prompt.param, info, limits)
+    return Plan(endpoint, settings, prompt, engine, decided)
 
 
 async def serve(request: Request, state: GatewayState, plan: Plan, key: str) -> ASGIApp:
@@ -109,7 +89,7 @@ async def serve(request: Request, state: GatewayState, plan: Plan, key: str) -> 
     admission_started = time.perf_counter()
     try:
         caller, ticket = await admit(key, state.store, state.admission, len(plan.prompt.token_ids),
-                                     plan.reserved_output_tokens, state.outage)
+                                     plan.decided.reserved_output_tokens, state.outage)
     finally:
         if record is not None:
             record.admission_s = time.perf_counter() - admission_started

@@ -24,14 +24,15 @@ from gateway.prompts import Prompts
 from gateway.recent_keys import RecentKeys
 from gateway.tenancy.admission import Admission
 from gateway.tenancy.outage_policy import OutagePolicy
-from shared.protocol import Ready, Stats
+from shared.model_info import ModelInfo
+from shared.protocol import Stats
 
 
 class EngineHandle(Engine, Protocol):
     """A connected engine client (`EngineClient`)."""
 
     @property
-    def model_info(self) -> Ready: ...
+    def model_info(self) -> ModelInfo: ...
     async def stats(self, timeout: float = 5.0) -> Stats: ...
 
 
@@ -81,7 +82,7 @@ class GatewayState:
             raise EngineUnavailable("the engine is not reachable; retry shortly", code="engine_unavailable")
         return client
 
-    def served_model_names(self, info: Ready) -> set[str]:
+    def served_model_names(self, info: ModelInfo) -> set[str]:
         return {info.model_name, self.config.model}
 
 

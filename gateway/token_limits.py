@@ -2,7 +2,7 @@
 
 The engine checks the same ids again at admission (engine/scheduling/request_checks.py): it
 serves any socket client. Here the client gets the clearer error without a round
-trip. The vocabulary size is the engine's (`Ready.vocab_size`), the tokenizer's
+trip. The vocabulary size is the engine's (`ModelInfo.vocab_size`, carried by Ready), the tokenizer's
 only when an older engine did not announce one. Knows nothing about HTTP bodies.
 """
 

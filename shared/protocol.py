@@ -19,7 +19,7 @@ Who sends what:
 
     gateway (DEALER)                         engine (ROUTER)
     Hello(version, gateway_id)        ->
-                                      <-     Ready(version, model, limits...)  or Error
+                                      <-     Ready(version, ModelInfo)  or Error
     AddRequest / Abort / GetStats     ->
                                       <-     StepOutputs (one per step per gateway),
                                              Stats, Error
@@ -33,9 +33,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
+from shared.model_info import ModelInfo, SamplingDefault
 from shared.sampling import SamplingParams
 from shared.structured import GrammarSpec
-from shared.wire_codec import Codec, ProtocolError
+from shared.wire_codec import INLINE, Codec, ProtocolError
 
 PROTOCOL_VERSION = 1
 """Bumped only for changes that appending fields cannot express."""
@@ -65,31 +66,14 @@ class Hello:
 
 
 @dataclass(frozen=True)
-class SamplingDefault:
-    """One default sampling value (nested in Ready): a SamplingParams field name and its value."""
-
-    name: str
-    value: float
-
-
-@dataclass(frozen=True)
 class Ready:
-    """The engine's answer to Hello: what the gateway needs to validate requests."""
+    """The engine's answer to Hello: the model's facts, which the gateway validates requests with."""
 
     TAG: ClassVar[int] = 2
     protocol_version: int
-    model_name: str
-    max_model_len: int
-    """Prompt plus generated tokens may not exceed this."""
-    block_size: int
-    eos_token_id: int | None
-    num_blocks: int
-    """KV cache blocks in the device pool (Stats.num_free_blocks counts down from it)."""
-    vocab_size: int = 0
-    """Token ids must be below this (logit_bias is checked against it); 0: unknown (an older engine)."""
-    default_sampling: list[SamplingDefault] = field(default_factory=list)
-    """Sampling values for fields a request leaves out: the model's generation_config.json,
-    overridden by the engine's --default-sampling flag. The gateway fills them in."""
+    model: ModelInfo = field(metadata=INLINE)
+    """Inline: its fields follow protocol_version in the frame, as Ready's own did before it was one
+    record (shared/model_info.py), so the bytes did not change; fields are appended to ModelInfo."""
 
 
 @dataclass(frozen=True)
@@ -167,6 +151,9 @@ class Finished:
     index: int
     reason: FinishReason
     usage: Usage
+    queue_seconds: float | None = None
+    """Seconds from the request's arrival at the engine to its first scheduling (the same for every
+    sample; vllm:request_queue_time_seconds). None: never scheduled (aborted while queued), or an older engine."""
 
 
 @dataclass(frozen=True)
@@ -281,7 +268,7 @@ _CODEC = Codec(_TOP_LEVEL)
 __all__ = [
     "DEADLINE_EXCEEDED", "PROTOCOL_VERSION", "REQUEST_FAILED", "REQUEST_REJECTED", "SHUTTING_DOWN", "ErrorKind",
     "FinishReason", "Message", "ProtocolError", "decode", "encode",
-    "Hello", "Ready", "SamplingDefault", "AddRequest", "Abort", "StepOutputs", "TokenDelta", "TokenLogprob",
+    "Hello", "Ready", "ModelInfo", "SamplingDefault", "AddRequest", "Abort", "StepOutputs", "TokenDelta", "TokenLogprob",
     "Finished", "Usage", "Error", "GetStats", "Stats", "PriorityLoad", "TenantLoad", "Bye",
 ]
 

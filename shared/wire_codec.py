@@ -6,7 +6,8 @@ an encoder. Checkers take only the value: the path of a bad value
 ("AddRequest.sampling.top_k") is assembled while a `_Bad` propagates, so valid
 frames never pay for building paths. Decoding ignores extra trailing fields,
 fills missing trailing fields that have defaults, and raises nothing but
-`ProtocolError`. The message types themselves live in shared/protocol.py.
+`ProtocolError`. A message's last field may be a record spliced inline (`INLINE`).
+The message types themselves live in shared/protocol.py.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Union
 
@@ -173,6 +174,10 @@ def _encode_fields(schema: list[_Field], msg: Any) -> list[Any]:
 def _decode_fields(cls: type, schema: list[_Field], values: Any) -> Any:
     if type(values) is not list:
         raise _expected(f"{cls.__name__} array", values)
+    return cls(**_decode_kwargs(schema, values))
+
+
+def _decode_kwargs(schema: list[_Field], values: list[Any]) -> dict[str, Any]:
     kwargs: dict[str, Any] = {}
     for f, value in zip(schema, values, strict=False):  # extra trailing values: a newer peer's fields
         try:
@@ -182,7 +187,44 @@ def _decode_fields(cls: type, schema: list[_Field], values: Any) -> Any:
     for f in schema[len(values):]:
         if f.required:
             raise _Bad(f"missing field {f.name!r} ({len(values)} of {len(schema)} fields)")
-    return cls(**kwargs)
+    return kwargs
+
+
+INLINE: Mapping[str, str] = {"wire": "inline"}
+"""Field metadata for a message's last field: a record (a dataclass) whose fields are spliced into
+the message's array after the message's own, so a message can carry a record that also lives on
+its own (shared/model_info.py) with the bytes of a flat message. Appending to the record appends
+to the message; the message itself can then get no fields of its own after it."""
+
+
+@dataclass(frozen=True)
+class _InlineTail:
+    name: str
+    cls: type
+    schema: list[_Field]
+
+
+def _message_schema(cls: type) -> tuple[list[_Field], _InlineTail | None]:
+    """The message's own fields, and its inline record when its last field is one."""
+    fields, schema = dataclasses.fields(cls), _fields_of(cls)
+    inline = [i for i, f in enumerate(fields) if f.metadata.get("wire") == INLINE["wire"]]
+    if not inline:
+        return schema, None
+    assert inline == [len(fields) - 1], f"{cls.__name__}: only the last field may be inline"
+    record = typing.get_type_hints(cls)[fields[-1].name]
+    assert isinstance(record, type) and dataclasses.is_dataclass(record), f"{cls.__name__}: inline needs a dataclass"
+    return schema[:-1], _InlineTail(fields[-1].name, record, _fields_of(record))
+
+
+def _decode_message(cls: type, schema: list[_Field], tail: _InlineTail | None, values: list[Any]) -> Any:
+    if tail is None:
+        return _decode_fields(cls, schema, values)
+    own = _decode_kwargs(schema, values[:len(schema)])
+    try:
+        own[tail.name] = _decode_fields(tail.cls, tail.schema, values[len(schema):])
+    except _Bad as e:
+        raise e.at("." + tail.name) from None
+    return cls(**own)
 
 
 def _check_sampling(value: Any) -> SamplingParams:
@@ -206,19 +248,22 @@ class Codec:
     """Encodes and decodes a fixed set of tagged message classes (each has a `TAG: ClassVar[int]`)."""
 
     def __init__(self, messages: tuple[type, ...]) -> None:
-        self._by_tag: dict[int, tuple[type, list[_Field]]] = {}
-        self._schema: dict[type, list[_Field]] = {}
+        self._by_tag: dict[int, tuple[type, list[_Field], _InlineTail | None]] = {}
+        self._schema: dict[type, tuple[list[_Field], _InlineTail | None]] = {}
         for cls in messages:
             tag = cls.TAG  # type: ignore[attr-defined]
             assert tag not in self._by_tag, f"tag {tag} used twice"
-            self._schema[cls] = _fields_of(cls)
-            self._by_tag[tag] = (cls, self._schema[cls])
+            self._schema[cls] = _message_schema(cls)
+            self._by_tag[tag] = (cls, *self._schema[cls])
 
     def encode(self, msg: Any) -> bytes:
-        """One frame: msgpack array [tag, *fields]."""
+        """One frame: msgpack array [tag, *fields] (an inline record's fields last)."""
         cls = type(msg)
-        return msgpack.packb([cls.TAG, *_encode_fields(self._schema[cls], msg)],  # type: ignore[no-any-return]
-                             use_bin_type=True)
+        schema, tail = self._schema[cls]
+        values = [cls.TAG, *_encode_fields(schema, msg)]
+        if tail is not None:
+            values += _encode_fields(tail.schema, getattr(msg, tail.name))
+        return msgpack.packb(values, use_bin_type=True)  # type: ignore[no-any-return]
 
     def decode(self, frame: bytes) -> Any:
         """Parse one frame; raises ProtocolError (only) when it is not a valid message."""
@@ -232,9 +277,9 @@ class Codec:
         found = self._by_tag.get(tag) if type(tag) is int else None
         if found is None:
             raise ProtocolError(f"unknown message tag {tag!r}")
-        cls, schema = found
+        cls, schema, tail = found
         try:
-            return _decode_fields(cls, schema, obj[1:])
+            return _decode_message(cls, schema, tail, obj[1:])
         except _Bad as e:
             # Name the request of a broken message that starts with a request id, so it can be answered.
             rid = obj[1] if schema[0].name == "request_id" and len(obj) > 1 and type(obj[1]) is str else None

@@ -25,6 +25,8 @@ class SampleGroup:
     samples: list[Request]
     pending: list[Request] = field(default_factory=list)
     """Samples waiting for the leader's prompt; they hold no blocks and no queue slot."""
+    queue_seconds: float | None = None
+    """From add_request to the leader's first admission (scheduler clock); None while never scheduled."""
 
     @property
     def leader(self) -> Request:
@@ -50,6 +52,14 @@ class SampleState:
     level: int | None = None
     """The urgency level it was admitted or resumed at (its priority minus aging then)."""
     admitted: bool = False
+
+    def on_admitted(self, num_cached_tokens: int, now: float) -> None:
+        """What the client is told is fixed at the first admission (a preempted request is admitted
+        again): the prompt tokens found in the prefix cache, and the time it waited in the queue."""
+        if not self.admitted:
+            self.admitted = True
+            self.req.num_cached_tokens = num_cached_tokens
+            self.group.queue_seconds = now - self.enqueued_at
 
 
 def sample_ids(req: Request) -> list[str]:
@@ -91,4 +101,5 @@ def make_delta(
         finish_reason=req.status.value if req.status.finished else None,
         index=index,
         logprobs=logprobs or [],
+        queue_seconds=group.queue_seconds,
     )

@@ -221,13 +221,11 @@ class Scheduler:
         copies = self.bm.allocate(req, num_new, hit, reserve=self._watermark(self.config.admission_watermark))
         if copies is None:
             return False
-        state = self._live[req.request_id]
-        state.level = self.waiting.level(req, self._clock())
+        state, now = self._live[req.request_id], self._clock()
+        state.level = self.waiting.level(req, now)
         self.waiting.admit(req)
         req.num_computed_tokens = hit.num_tokens
-        if not state.admitted:  # cached tokens are reported as of the first admission
-            state.admitted = True
-            req.num_cached_tokens = hit.num_tokens
+        state.on_admitted(hit.num_tokens, now)
         self._counters.prefix_lookup(hit.num_tokens, req.num_tokens)
         req.transition(RequestStatus.RUNNING)
         self.running.append(req)

@@ -18,27 +18,16 @@ import os
 import socket
 import threading
 from collections.abc import Iterator
-from typing import Protocol
 
 import redis
 
 from shared.engine_registry import EngineRecord, encode_record, index_key, record_key
+from shared.model_info import ModelInfo
 
 log = logging.getLogger("pageserve.engine")
 
 
-class ModelFacts(Protocol):
-    """The server's EngineInfo, as far as an announcement needs it."""
-
-    @property
-    def model_name(self) -> str: ...
-    @property
-    def num_blocks(self) -> int: ...
-    @property
-    def max_model_len(self) -> int: ...
-
-
-def engine_record(address: str, info: ModelFacts) -> EngineRecord:
+def engine_record(address: str, info: ModelInfo) -> EngineRecord:
     return EngineRecord(address=address, model=info.model_name, num_blocks=info.num_blocks,
                         max_model_len=info.max_model_len, pid=os.getpid(), host=socket.gethostname())
 
@@ -96,7 +85,7 @@ def add_announce_args(p: argparse.ArgumentParser) -> None:
 
 
 @contextlib.contextmanager
-def announced(args: argparse.Namespace, bound_address: str, info: ModelFacts) -> Iterator[None]:
+def announced(args: argparse.Namespace, bound_address: str, info: ModelInfo) -> Iterator[None]:
     """Announced while the block runs, when `args.redis_url` is set; withdrawn when it ends."""
     if args.redis_url is None:
         yield

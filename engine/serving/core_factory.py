@@ -1,8 +1,8 @@
 """`pageserve engine` flags -> the model engineer's EngineConfig -> a loaded EngineCore.
 
 The one place where command-line values become frozen config objects (each
-component gets its own part), and where the loaded core's derived facts become
-the EngineInfo the server announces in Ready. Importing this module imports
+component gets its own part). The loaded core's derived facts are its
+`model_info` (shared/model_info.py), which the server sends in Ready. Importing this module imports
 torch; engine/serving/main.py imports it only inside main().
 """
 
@@ -15,8 +15,6 @@ import torch
 from engine.config import CacheConfig, EngineConfig, GiB, ModelConfig
 from engine.core import EngineCore
 from engine.scheduling.config import SchedulerConfig
-from engine.serving.server import EngineInfo
-from engine.worker.sampling_defaults import resolve_sampling_defaults
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
@@ -38,17 +36,12 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         aging_rate=args.aging_rate,
         max_prefill_tokens_while_decoding=args.max_prefill_while_decoding,
     )  # max_model_len: EngineCore derives the scheduler's from the model's and --max-model-len
-    return EngineConfig(model=model, cache=cache, scheduler=scheduler, attention_backend=args.attention_backend)
+    return EngineConfig(model=model, cache=cache, scheduler=scheduler, attention_backend=args.attention_backend,
+                        default_sampling=getattr(args, "default_sampling", None))
 
 
-def build_core(args: argparse.Namespace) -> tuple[EngineCore, EngineInfo]:
+def build_core(args: argparse.Namespace) -> EngineCore:
+    """Raises ValueError on a bad configuration (SamplingDefaultsError for --default-sampling)."""
     if args.threads:
         torch.set_num_threads(args.threads)
-    core = EngineCore(engine_config(args))
-    m = core.model_info
-    info = EngineInfo(
-        model_name=m.name, max_model_len=m.max_model_len, block_size=m.block_size,
-        eos_token_id=m.eos_token_id, num_blocks=m.num_device_blocks, vocab_size=m.vocab_size,
-        default_sampling=resolve_sampling_defaults(m.path, m.name, getattr(args, "default_sampling", None)),
-    )
-    return core, info
+    return EngineCore(engine_config(args))

@@ -3,7 +3,7 @@
     request id ──> gateway identity, prompt length, unfinished sample indices, last counts
 
 It turns the core's RequestDeltas into wire entries (TokenDelta, Finished with
-usage) grouped by the gateway that sent each request, and logs one line per
+usage and the time queued) grouped by the gateway that sent each request, and logs one line per
 finished request (ids and counts only: never prompts). Plain Python: no zmq, no
 torch, nothing about how the core computes.
 """
@@ -38,6 +38,8 @@ class _Entry:
     num_output: dict[int, int] = field(default_factory=dict)
     num_cached: int = 0
     priority: int = 0
+    queue_seconds: float | None = None
+    """From the engine's arrival to the first scheduling, once the core reported it."""
 
 
 class InFlightTable:
@@ -87,6 +89,8 @@ class InFlightTable:
             token_deltas, finished = out.setdefault(entry.gateway, ([], []))
             entry.num_output[d.index] = d.num_output_tokens
             entry.num_cached = d.num_cached_tokens
+            if d.queue_seconds is not None:
+                entry.queue_seconds = d.queue_seconds
             if d.new_token_ids:
                 self.tokens_by_tenant[entry.tenant_id] = self.tokens_by_tenant.get(entry.tenant_id, 0) + len(
                     d.new_token_ids)
@@ -123,7 +127,8 @@ class InFlightTable:
         entry = self._entries[request_id]
         entry.unfinished.discard(index)
         fin = Finished(request_id, index, reason,
-                       Usage(entry.num_prompt_tokens, entry.num_output.get(index, 0), entry.num_cached))
+                       Usage(entry.num_prompt_tokens, entry.num_output.get(index, 0), entry.num_cached),
+                       entry.queue_seconds)
         if not entry.unfinished:
             del self._entries[request_id]
             self.num_finished += 1

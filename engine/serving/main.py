@@ -103,15 +103,15 @@ def main(argv: list[str]) -> int:
         log.info("loading model %s (%s)", args.model, args.dtype)
         from engine.serving.core_factory import build_core  # torch and the model load only here
 
-        core, info = build_core(args)
+        core = build_core(args)
     except ValueError as e:  # a configuration error: say it plainly, no traceback
         print(f"pageserve engine: {e}", file=sys.stderr)
         return 2
-    server = EngineServer(core, info, ServerConfig(listen=args.listen, shutdown_grace_s=args.shutdown_grace,
+    server = EngineServer(core, core.model_info, ServerConfig(listen=args.listen, shutdown_grace_s=args.shutdown_grace,
                                                    request_deadline_s=args.request_deadline,
                                                    curve_dir=args.curve_dir))
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: server.request_stop())
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1 PID` prints every thread's stack: a slow step shows
-    with announced(args, server.address, info):  # in Redis for gateways, when --redis-url is given
+    with announced(args, server.address, core.model_info):  # in Redis for gateways, when --redis-url is given
         return server.serve()

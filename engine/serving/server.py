@@ -32,7 +32,7 @@ import os
 import socket
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 import zmq
@@ -43,6 +43,7 @@ from engine.serving.inflight import InFlightTable
 from engine.serving.step_stats import CoreCounts, StepStats
 from engine.step_failures import RequestsFailed
 from shared.curve import serve_curve, server_keys
+from shared.model_info import ModelInfo
 from shared.protocol import (
     DEADLINE_EXCEEDED,
     PROTOCOL_VERSION,
@@ -58,7 +59,6 @@ from shared.protocol import (
     Message,
     ProtocolError,
     Ready,
-    SamplingDefault,
     StepOutputs,
     decode,
     encode,
@@ -85,20 +85,6 @@ MAX_MESSAGE_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
-class EngineInfo:
-    """Facts about the loaded model that gateways need (sent in Ready) and requests are checked against."""
-
-    model_name: str
-    max_model_len: int
-    block_size: int
-    eos_token_id: int | None
-    num_blocks: int
-    vocab_size: int
-    default_sampling: dict[str, float] = field(default_factory=dict)
-    """Sampling values for fields a request leaves out (engine/worker/sampling_defaults.py)."""
-
-
-@dataclass(frozen=True)
 class ServerConfig:
     listen: str = "tcp://127.0.0.1:5555"
     """ZeroMQ address to bind: tcp://HOST:PORT or ipc:///path."""
@@ -118,7 +104,8 @@ DEADLINE_CHECK_S = 0.1
 
 
 class EngineServer:
-    def __init__(self, core: CoreLike, info: EngineInfo, config: ServerConfig) -> None:
+    def __init__(self, core: CoreLike, info: ModelInfo, config: ServerConfig) -> None:
+        """`info`: the core's model facts (EngineCore.model_info), sent to every gateway in Ready."""
         self.core, self.info, self.config = core, info, config
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
@@ -275,10 +262,7 @@ class EngineServer:
             return
         self._gateways[gateway] = hello.gateway_id
         log.info("gateway %s connected", hello.gateway_id)
-        i = self.info
-        self._send(gateway, Ready(PROTOCOL_VERSION, i.model_name, i.max_model_len, i.block_size,
-                                  i.eos_token_id, i.num_blocks, i.vocab_size,
-                                  [SamplingDefault(k, v) for k, v in i.default_sampling.items()]))
+        self._send(gateway, Ready(PROTOCOL_VERSION, self.info))
 
     def _on_add(self, gateway: bytes, add: AddRequest) -> None:
         if self._stop_deadline is not None:

@@ -1,16 +1,27 @@
-"""Routing decisions as plain counters: the metrics page reads `snapshot()`, nothing here exports.
+"""Routing decisions as plain counters, each event also told to an observer (the Prometheus export).
 
 Counted where the decision is made (router.py, failover.py, replica_set.py),
-once per event. Per replica: requests routed there. Process-local, like every
-gateway metric: each gateway worker counts its own requests.
+once per event, through the methods below. Per replica: requests routed there.
+Process-local: each gateway worker counts its own requests; the observer
+(gateway/routing_metrics.py) turns the events into prometheus-client counters,
+which its multiprocess mode sums over workers. Nothing here exports.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Literal, Protocol
 
 from gateway.replicas.policy import RouteReason
+
+RoutingEvent = Literal["retry", "failover_exhausted", "cut_by_replica_loss"]
+
+
+class RoutingObserver(Protocol):
+    def routed(self, replica_id: str, reason: RouteReason) -> None: ...
+    def event(self, kind: RoutingEvent) -> None: ...
+    def evicted(self, reason: str) -> None: ...
 
 
 @dataclass
@@ -27,10 +38,35 @@ class RoutingCounters:
     """Requests that had sent tokens when their replica was lost: they ended with an error."""
     evictions: Counter[str] = field(default_factory=Counter)
     """Replicas dropped from the live set, by reason: dead, stalled, withdrawn."""
+    observer: RoutingObserver | None = None
+    """Told every event as it is counted (set once, when the gateway's metrics are wired)."""
 
     def route(self, replica_id: str, reason: RouteReason) -> None:
         self.decisions[reason] += 1
         self.routed[replica_id] += 1
+        if self.observer is not None:
+            self.observer.routed(replica_id, reason)
+
+    def retried(self) -> None:
+        self.retries += 1
+        self._tell("retry")
+
+    def failover_exhausted(self) -> None:
+        self.failovers_exhausted += 1
+        self._tell("failover_exhausted")
+
+    def cut(self) -> None:
+        self.cut_by_replica_loss += 1
+        self._tell("cut_by_replica_loss")
+
+    def evicted(self, reason: str) -> None:
+        self.evictions[reason] += 1
+        if self.observer is not None:
+            self.observer.evicted(reason)
+
+    def _tell(self, kind: RoutingEvent) -> None:
+        if self.observer is not None:
+            self.observer.event(kind)
 
     def snapshot(self) -> dict[str, object]:
         """A JSON-ready copy: {"decisions": {...}, "routed": {...}, "retries": n, ...}."""

@@ -74,7 +74,7 @@ class FailoverStream:
             replica = self._router.pick(self._request, exclude=set(self._tried))
             if replica is None:
                 if lost is not None:
-                    self._router.counters.failovers_exhausted += 1
+                    self._router.counters.failover_exhausted()
                 raise error or EngineDeadError("no live engine replica")
             self._tried.append(replica.address)
             try:
@@ -83,7 +83,7 @@ class FailoverStream:
                 error = e
                 continue
             if lost is not None:
-                self._router.counters.retries += 1
+                self._router.counters.retried()
                 log.warning("request %s moved to replica %s: %s", self.request_id, replica.address, lost)
             return
 
@@ -97,7 +97,7 @@ class FailoverStream:
                 item = await self._stream.__anext__()
             except EngineDeadError as e:
                 if self._yielded:
-                    self._router.counters.cut_by_replica_loss += 1
+                    self._router.counters.cut()
                     raise
                 await self.open(lost=e)
                 continue

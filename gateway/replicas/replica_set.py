@@ -165,7 +165,7 @@ class ReplicaSet:
     async def _evict(self, replica: Replica, reason: str) -> None:
         if self._replicas.pop(replica.address, None) is None:
             return
-        self.counters.evictions[reason] += 1
+        self.counters.evicted(reason)
         if replica.probe is not None:
             replica.probe.cancel()
         log.error("engine replica %s left the live set (%s); %d live", replica.address, reason, len(self.live()))

@@ -20,7 +20,8 @@ from gateway.replicas.counters import RoutingCounters
 from gateway.replicas.failover import FailoverStream
 from gateway.replicas.policy import affinity_key, choose
 from gateway.replicas.replica import Replica
-from shared.protocol import AddRequest, PriorityLoad, Ready, Stats, TenantLoad
+from shared.model_info import ModelInfo
+from shared.protocol import AddRequest, PriorityLoad, Stats, TenantLoad
 
 
 class LiveSet(Protocol):
@@ -37,10 +38,10 @@ class Router:
     def __init__(self, replicas: LiveSet) -> None:
         self._replicas = replicas
         self.counters = replicas.counters
-        self._last_info: Ready | None = None
+        self._last_info: ModelInfo | None = None
 
     @property
-    def model_info(self) -> Ready:
+    def model_info(self) -> ModelInfo:
         infos = [r.client.model_info for r in self._replicas.live()]
         if infos:
             self._last_info = dataclasses.replace(

@@ -28,10 +28,10 @@ from gateway.prompts import Prompts
 from gateway.state import GatewayState
 from gateway.tenancy import AuthContext, TenantStore, connect
 from gateway.tenancy.admission import Admission, Settlement, Ticket
-from shared.protocol import PROTOCOL_VERSION, AddRequest, Finished, Ready, Stats, TokenDelta, Usage
+from shared.model_info import ModelInfo
+from shared.protocol import AddRequest, Finished, Stats, TokenDelta, Usage
 
-READY = Ready(protocol_version=PROTOCOL_VERSION, model_name="smollm2", max_model_len=2048, block_size=16,
-              eos_token_id=2, num_blocks=4096)
+MODEL_INFO = ModelInfo(model_name="smollm2", max_model_len=2048, block_size=16, eos_token_id=2, num_blocks=4096)
 TOKEN = 7042  # " Paris"
 
 
@@ -64,13 +64,13 @@ class NoopStream:
 
 
 class NoopEngine:
-    model_info = READY
+    model_info = MODEL_INFO
 
     async def submit(self, request: AddRequest) -> NoopStream:
         return NoopStream(request)
 
     async def stats(self, timeout: float = 5.0) -> Stats:
-        return Stats(0, 0, 0, READY.num_blocks, READY.num_blocks, 0, 0, 0, 0, 0, 0.0, 1)
+        return Stats(0, 0, 0, MODEL_INFO.num_blocks, MODEL_INFO.num_blocks, 0, 0, 0, 0, 0, 0.0, 1)
 
 
 class NoopSource:

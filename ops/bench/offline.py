@@ -184,7 +184,7 @@ def main(argv: list[str]) -> int:
         w = _workload(args, core.model_info.vocab_size)
         if not rows:
             print(f"workload {args.workload}: {len(w.prompts)} requests, {w.prompt_tokens} prompt + "
-                  f"{w.output_tokens} output tokens, greedy, EOS ignored; model {core.model_info.name} {args.dtype}, "
+                  f"{w.output_tokens} output tokens, greedy, EOS ignored; model {core.model_info.model_name} {args.dtype}, "
                   f"{torch.get_num_threads()} threads")
         run_engine(core, make_workload(2, (8, 8), (4, 4), core.model_info.vocab_size, seed=1))  # warm-up
         eng = run_engine(core, w)
@@ -200,7 +200,7 @@ def main(argv: list[str]) -> int:
         print(format_profile(prof), flush=True)
         results["profile"] = asdict(prof)
     for caching in settings:
-        peer = run_offline(args.vllm_python, str(core.model_info.path), args.dtype, w, caching,
+        peer = run_offline(args.vllm_python, str(core.model_path), args.dtype, w, caching,
                            threads=args.threads)
         print(f"  {peer.name}: " + (peer.error or f"{peer.seconds:.1f}s, {peer.tok_s:.1f} output tok/s"), flush=True)
         rows.append(peer)
@@ -227,7 +227,7 @@ def main(argv: list[str]) -> int:
 def _bench_hf(core: EngineCore, w: Workload, args: argparse.Namespace) -> list[dict[str, Any]]:
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(core.model_info.path, dtype=getattr(torch, args.dtype))
+    model = AutoModelForCausalLM.from_pretrained(core.model_path, dtype=getattr(torch, args.dtype))
     model.eval()
     pad = core.model_info.eos_token_id or 0
     run_hf(model, make_workload(2, (8, 8), (4, 4), core.model_info.vocab_size, seed=1), 2, pad)  # warm-up

@@ -24,9 +24,10 @@ import time
 
 import httpx
 
-from engine.serving.server import EngineInfo, EngineServer, ServerConfig
+from engine.serving.server import EngineServer, ServerConfig
 from engine.serving.synthetic_core import SyntheticCore
 from ops.launcher import create_demo_key, free_port, start_redis, stop_all
+from shared.model_info import ModelInfo
 
 WORDS = [504, 3575, 282, 4649, 314, 7042, 30, 216, 18645, 250]
 """' The capital of France is Paris.' then a CJK character split over two tokens."""
@@ -55,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", type=int, default=200)
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
-    info = EngineInfo("smollm2", max_model_len=8192, block_size=16, eos_token_id=2, num_blocks=1 << 20,
+    info = ModelInfo("smollm2", max_model_len=8192, block_size=16, eos_token_id=2, num_blocks=1 << 20,
                       vocab_size=49152)
     engine = EngineServer(SyntheticCore(WORDS, 1 << 20, 16), info, ServerConfig(listen=f"tcp://127.0.0.1:{free_port()}"))
     threading.Thread(target=engine.serve, daemon=True).start()

@@ -19,7 +19,8 @@ import time
 
 import pytest
 
-from engine.serving.server import EngineInfo, EngineServer, ServerConfig
+from engine.serving.server import EngineServer, ServerConfig
+from shared.model_info import ModelInfo
 from tests.engine.serving.fake_core import FakeCore
 from tests.support.redis_server import free_port
 
@@ -33,7 +34,7 @@ def port_open(port: int) -> bool:
 
 @pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
 def test_up_prints_a_working_curl_line_and_ctrl_c_stops_all() -> None:
-    info = EngineInfo("smollm2", max_model_len=128, block_size=16, eos_token_id=2, num_blocks=64, vocab_size=49152)
+    info = ModelInfo("smollm2", max_model_len=128, block_size=16, eos_token_id=2, num_blocks=64, vocab_size=49152)
     engine = EngineServer(FakeCore(info=info), info, ServerConfig(listen=f"tcp://127.0.0.1:{free_port()}",
                                                         shutdown_grace_s=0.1, close_linger_ms=100))
     thread = threading.Thread(target=engine.serve, daemon=True)

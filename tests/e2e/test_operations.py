@@ -236,6 +236,8 @@ def test_probes_version_and_metrics_that_move(ops: Ops) -> None:
             before, "pageserve:generation_tokens_total", **d) == completion
         assert value(a, "vllm:time_to_first_token_seconds_count", model_name=model) - value(
             before, "vllm:time_to_first_token_seconds_count", model_name=model) == 5
+        assert value(a, "vllm:request_queue_time_seconds_count", model_name=model) - value(
+            before, "vllm:request_queue_time_seconds_count", model_name=model) == 5  # the engine's, per request
         assert value(a, "pageserve:rate_limit_refusals_total", kind="rpm") - value(
             before, "pageserve:rate_limit_refusals_total", kind="rpm") == 1
         assert value(a, "vllm:generation_tokens_total") >= value(before, "vllm:generation_tokens_total") + completion
@@ -250,6 +252,7 @@ def _check_vllm_conventions(families: dict[str, Any], model: str) -> None:
         "vllm:prefix_cache_hits": "counter", "vllm:prompt_tokens": "counter", "vllm:generation_tokens": "counter",
         "vllm:time_to_first_token_seconds": "histogram", "vllm:e2e_request_latency_seconds": "histogram",
         "vllm:time_per_output_token_seconds": "histogram", "vllm:request_success": "counter",
+        "vllm:request_queue_time_seconds": "histogram",
     }
     for name, kind in expected.items():
         assert families[name].type == kind, name

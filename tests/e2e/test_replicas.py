@@ -28,6 +28,7 @@ from typing import Any
 import httpx
 import pytest
 import redis.asyncio as aioredis
+from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.engine_client import EngineClient
 from shared.model_store import resolve_model
@@ -134,18 +135,30 @@ def completion(r: Replicas, key: str, prompt: str, max_tokens: int) -> dict[str,
     return resp.json()  # type: ignore[no-any-return]
 
 
+def metric(r: Replicas, name: str, **labels: str) -> float:
+    """The gateway's /metrics: the sum of `name`'s samples carrying these labels."""
+    text = httpx.get(r.base_url + "/metrics", timeout=10).text
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
+
+
 SHARED = "You are a careful assistant. Answer in one short sentence, cite nothing, and say when unsure. " * 8  # > 4 blocks
 
 
 def test_requests_sharing_a_prefix_land_on_one_replica_and_hit_its_cache(replicas: Replicas) -> None:
     key = asyncio.run(_key(replicas.redis_url, "affinity"))
     before = {a: replicas.stats(a).num_finished for a in replicas.engines}
+    routed_before = metric(replicas, "pageserve:router_decisions_total", reason="affinity")
     cached = []
     for i in range(4):
         out = completion(replicas, key, SHARED + f"Question {i}: what is {i} + {i}?", 4)
         cached.append(out["usage"]["prompt_tokens_details"]["cached_tokens"])
     served = {a: replicas.stats(a).num_finished - before[a] for a in replicas.engines}
     assert sorted(served.values()) == [0, 4], served  # every one of them on the same replica
+    home = next(a for a, n in served.items() if n == 4)  # and /metrics says so, by replica and reason
+    assert metric(replicas, "pageserve:router_decisions_total", reason="affinity") - routed_before == 4
+    assert metric(replicas, "pageserve:router_decisions_total", reason="affinity", replica=home) >= 4
+    assert metric(replicas, "pageserve:live_replicas") == 2
     assert cached[0] == 0 and all(c >= 128 for c in cached[1:]), cached  # its prefix cache served the rest
 
 
@@ -201,6 +214,11 @@ def test_killing_a_replica_mid_traffic_loses_nothing_and_leaks_nothing(replicas:
     assert len(completed) >= n - MAX_NUM_SEQS
     # The victim's queued requests (no token yet) were moved to the survivor, not failed.
     assert "moved to replica " + survivor in (replicas.logs / "gateway.log").read_text()
+    assert metric(replicas, "pageserve:router_retries_total") >= 1  # ... and counted on /metrics
+    assert metric(replicas, "pageserve:replica_evictions_total", reason="dead") == 1
+    assert metric(replicas, "pageserve:live_replicas") == 1
+    assert metric(replicas, "pageserve:replica_kv_cache_usage_perc", replica=survivor) >= 0
+    assert metric(replicas, "pageserve:router_requests_cut_total") == len(cut)
 
     # The survivor serves everything afterwards.
     after = asyncio.run(_traffic(replicas, key, 6, 8, kill=None))

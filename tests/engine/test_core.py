@@ -11,6 +11,7 @@ from engine.core import EngineCore
 from engine.request import Request
 from engine.scheduling.config import SchedulerConfig
 from engine.scheduling.request_checks import RequestRejected
+from shared.model_info import ModelInfo
 from shared.sampling import SamplingParams
 from tests.engine.model_fixtures import make_llm, random_prompts, tiny_model
 
@@ -33,10 +34,18 @@ def test_model_info(tiny_model: Path) -> None:
         model=ModelConfig(str(tiny_model), dtype="float32", max_model_len=300),
         cache=CacheConfig(block_size=8, num_device_blocks=50, num_cpu_blocks=0),
     ))
-    info = core.model_info
-    assert (info.max_model_len, info.eos_token_id, info.vocab_size) == (300, 2, 512)
-    assert (info.block_size, info.num_device_blocks, info.num_cpu_blocks) == (8, 50, 0)
-    assert info.path == tiny_model.resolve() and info.dtype == "float32"
+    assert core.model_info == ModelInfo(model_name=core.model_info.model_name, max_model_len=300, block_size=8,
+                                        eos_token_id=2, num_blocks=50, vocab_size=512)
+    assert core.model_path == tiny_model.resolve() and core.dtype == "float32"
+
+
+def test_model_info_carries_the_resolved_sampling_defaults(tiny_model: Path) -> None:
+    """The one record is built once, by the core: the --default-sampling overrides are in it."""
+    core = EngineCore(EngineConfig(
+        model=ModelConfig(str(tiny_model), dtype="float32"), cache=CacheConfig(block_size=8, num_device_blocks=8),
+        default_sampling='{"temperature": 0.3}',
+    ))
+    assert core.model_info.sampling_defaults()["temperature"] == 0.3
 
 
 def test_generate_mixes_strings_free_ids_and_keeps_prompt_order(tiny_model: Path) -> None:

@@ -14,10 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gateway.engine_client import EngineDeadError
-from shared.protocol import AddRequest, Finished, Ready, Stats, TokenDelta, TokenLogprob, Usage
+from shared.model_info import ModelInfo
+from shared.protocol import AddRequest, Finished, Stats, TokenDelta, TokenLogprob, Usage
 
-MODEL_INFO = Ready(protocol_version=1, model_name="smollm2", max_model_len=256, block_size=16,
-                   eos_token_id=2, num_blocks=64, vocab_size=49152)
+MODEL_INFO = ModelInfo(model_name="smollm2", max_model_len=256, block_size=16, eos_token_id=2, num_blocks=64,
+                       vocab_size=49152)
 
 
 def _logprobs(request: AddRequest, token: int) -> list[TokenLogprob]:
@@ -37,6 +38,8 @@ class Script:
     """Never finish: the stream waits for an abort after the tokens."""
     fail: Exception | None = None
     """Raised from the iterator after the tokens (an engine error mid-stream)."""
+    queue_seconds: float | None = None
+    """The engine's queue time every Finished reports (None: as an older engine, none)."""
 
 
 class FakeStream:
@@ -63,7 +66,7 @@ class FakeStream:
             await asyncio.Event().wait()
         for index, tokens in enumerate(script.samples):
             self._queue.put_nowait(Finished(request.request_id, index, script.reason,  # type: ignore[arg-type]
-                                            Usage(n_prompt, len(tokens), 0)))
+                                            Usage(n_prompt, len(tokens), 0), script.queue_seconds))
 
     @property
     def finished(self) -> bool:
@@ -93,7 +96,7 @@ class FakeStream:
 @dataclass
 class FakeEngine:
     script: Callable[[AddRequest], Script]
-    model_info: Ready = MODEL_INFO
+    model_info: ModelInfo = MODEL_INFO
     dead: bool = False
     submitted: list[AddRequest] = field(default_factory=list)
     aborted: list[str] = field(default_factory=list)

@@ -20,6 +20,7 @@ from gateway.engine_client import (
     EngineUnavailableError,
     RequestFailedError,
 )
+from shared.model_info import ModelInfo
 from shared.protocol import (
     PROTOCOL_VERSION,
     AddRequest,
@@ -58,7 +59,7 @@ async def connected(address: str) -> EngineClient:
 
 
 def test_handshake_gives_model_info_and_a_stream_yields_deltas_then_finished(engine: Running) -> None:
-    async def main() -> tuple[Ready, list[object], int]:
+    async def main() -> tuple[ModelInfo, list[object], int]:
         client = await connected(engine.server.address)
         stream = await client.submit(add("r1", max_tokens=3))
         async with stream:
@@ -70,7 +71,9 @@ def test_handshake_gives_model_info_and_a_stream_yields_deltas_then_finished(eng
     info, items, left = asyncio.run(main())
     assert (info.model_name, info.max_model_len, info.block_size, info.num_blocks) == ("fake", 64, 4, 64)
     assert [i.new_token_ids for i in items if isinstance(i, TokenDelta)] == [[100], [101], [102]]
-    assert items[-1] == Finished("r1", 0, "length", Usage(3, 3, 0))
+    last = items[-1]
+    assert isinstance(last, Finished) and last.queue_seconds is not None and 0 <= last.queue_seconds < 5
+    assert last == Finished("r1", 0, "length", Usage(3, 3, 0), last.queue_seconds)
     assert left == 0
 
 
@@ -236,7 +239,7 @@ class ScriptedEngine:
         if self.sock.poll(5000):
             self.peer, frame = self.sock.recv_multipart()
             assert isinstance(decode(frame), Hello)
-            self.sock.send_multipart([self.peer, encode(Ready(self.ready_version, "scripted", 32, 4, None, 8))])
+            self.sock.send_multipart([self.peer, encode(Ready(self.ready_version, ModelInfo("scripted", 32, 4, None, 8)))])
             self.handshaken.set()
 
     def send_raw(self, frame: bytes) -> None:

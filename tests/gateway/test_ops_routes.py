@@ -72,6 +72,25 @@ def test_ready_version_and_metrics_move_with_requests(make_gateway: Any) -> None
     assert sample(after, "vllm:request_success", "vllm:request_success_total", finished_reason="length") == 1
     assert sample(after, "pageserve:active_streams", "pageserve:active_streams") == 0
     assert sample(after, "pageserve:engine_up", "pageserve:engine_up") == 1
+    # One engine, no replica router: its counters stay 0 and there are no per-replica gauges.
+    assert after["pageserve:router_retries"].type == "counter"
+    assert sample(after, "pageserve:router_retries", "pageserve:router_retries_total") == 0
+    assert "pageserve:live_replicas" not in after and "pageserve:replica_requests_waiting" not in after
+
+
+def test_the_engines_queue_time_is_vllms_histogram_observed_once_per_request(make_gateway: Any) -> None:
+    from tests.gateway.fakes import Script
+
+    gw = make_gateway(lambda req: Script([[5, 6]] * req.sampling.n, queue_seconds=0.75))
+    assert gw.post("/v1/chat/completions", {**CHAT, "max_tokens": 2, "n": 3}).status_code == 200
+    after = scrape(gw)
+    labels = {"model_name": "smollm2", "engine": "0"}
+    queue = "vllm:request_queue_time_seconds"
+    assert after[queue].type == "histogram"
+    assert sample(after, queue, queue + "_count", **labels) == 1  # three samples, one request
+    assert sample(after, queue, queue + "_sum", **labels) == 0.75
+    assert sample(after, queue, queue + "_bucket", le="0.5", **labels) == 0  # vLLM's request latency buckets
+    assert sample(after, queue, queue + "_bucket", le="0.8", **labels) == 1
 
 
 def test_ready_names_what_is_wrong(make_gateway: Any) -> None:

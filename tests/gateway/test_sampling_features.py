@@ -96,8 +96,8 @@ def test_penalties_bias_and_min_p_reach_the_engine(make_gateway: Any) -> None:
 
 def test_the_engines_defaults_fill_only_what_the_request_left_out(make_gateway: Any) -> None:
     gw = make_gateway()
-    gw.engine.model_info = dataclasses.replace(MODEL_INFO, default_sampling=[
-        SamplingDefault("temperature", 0.2), SamplingDefault("top_p", 0.9), SamplingDefault("top_k", 40.0)])
+    gw.engine.model_info = dataclasses.replace(MODEL_INFO, default_sampling=(
+        SamplingDefault("temperature", 0.2), SamplingDefault("top_p", 0.9), SamplingDefault("top_k", 40.0)))
     gw.post("/v1/chat/completions", CHAT)
     gw.post("/v1/chat/completions", {**CHAT, "temperature": 1.0, "top_k": 0})
     gw.post("/v1/completions", {**COMPLETION, "top_p": 0.5})

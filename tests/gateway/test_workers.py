@@ -15,9 +15,10 @@ import time
 
 import httpx
 
-from engine.serving.server import EngineInfo, EngineServer, ServerConfig
+from engine.serving.server import EngineServer, ServerConfig
 from gateway.engine_client import EngineClient
 from ops.launcher import create_demo_key
+from shared.model_info import ModelInfo
 from tests.engine.serving.fake_core import FakeCore
 from tests.support.redis_server import free_port
 
@@ -32,7 +33,7 @@ async def engine_gateways(address: str) -> int:
 
 
 def test_two_workers_each_connect_to_the_engine(redis_url: str) -> None:
-    info = EngineInfo("smollm2", max_model_len=128, block_size=16, eos_token_id=2, num_blocks=64, vocab_size=49152)
+    info = ModelInfo("smollm2", max_model_len=128, block_size=16, eos_token_id=2, num_blocks=64, vocab_size=49152)
     engine = EngineServer(FakeCore(info=info), info, ServerConfig(listen=f"tcp://127.0.0.1:{free_port()}",
                                                         shutdown_grace_s=0.1, close_linger_ms=100))
     thread = threading.Thread(target=engine.serve, daemon=True)

@@ -32,7 +32,7 @@ def test_every_queried_metric_is_exported() -> None:
     metrics.observe(RequestObservation(
         route="/v1/chat/completions", status=200, tenant="acme", model_name="m", e2e_s=0.5, ttft_s=0.1,
         token_intervals_s=[0.01], prompt_tokens=5, completion_tokens=2, cached_tokens=0, finish_reasons=["stop"],
-        admission_s=0.001, refusal="rpm", generated=True))
+        admission_s=0.001, refusal="rpm", generated=True, queue_s=0.2))
     metrics.active_streams.inc()
     stats = Stats(1, 0, 0, 10, 20, 0, 5, 1, 0, 1, 1.0, 1, num_total_cpu_blocks=4, num_free_cpu_blocks=4,
                   by_priority=[PriorityLoad(0, 1, 0)], by_tenant=[TenantLoad("t_1", 1, 5)])

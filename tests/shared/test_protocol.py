@@ -19,6 +19,7 @@ from shared.protocol import (
     GetStats,
     Hello,
     Message,
+    ModelInfo,
     PriorityLoad,
     ProtocolError,
     Ready,
@@ -37,7 +38,7 @@ from shared.structured import GrammarSpec
 
 SAMPLES: dict[str, Message] = {
     "Hello": Hello(1, "gw-1"),
-    "Ready": Ready(1, "smollm2", 8192, 16, 2, 1000, 49152),
+    "Ready": Ready(1, ModelInfo("smollm2", 8192, 16, 2, 1000, 49152)),
     "AddRequest": AddRequest(
         "req-1", [1, 2, 300], SamplingParams(temperature=0.0, max_tokens=8, stop_token_ids=(2,)),
         priority=-1, tenant_id="acme", arrival_time=1700000000.25, weight=2.0, cache_salt="s",
@@ -64,7 +65,7 @@ GOLDEN_HEX = {
         "cb4000000000000000a173c0"
     ),
     "Abort": "920492a161a162",
-    "StepOutputs": "94059197a57265712d3100922ace00011170030200909194a57265712d3100a66c656e6774689303020009",
+    "StepOutputs": "94059197a57265712d3100922ace00011170030200909195a57265712d3100a66c656e67746893030200c009",
     "Error": (
         "9606a57265712d31a772657175657374ae746f6b656e206964203520626164b0726571756573745f72656a6563746564"
         "a670726f6d7074"
@@ -96,9 +97,9 @@ OLDER_PEER_HEX = {
         "cb41d954fc40200000",
         Stats(1, 2, 3, 90, 100, 4, 5, 6, 7, 8, 2.5, 1, 0.5, 1.5, 10, 20, 30, 12, 2, 1, 50, 60, 1700000000.5)),
     # before vocab_size, default_sampling
-    "Ready": ("970201a7736d6f6c6c6d32cd20001002cd03e8", Ready(1, "smollm2", 8192, 16, 2, 1000)),
+    "Ready": ("970201a7736d6f6c6c6d32cd20001002cd03e8", Ready(1, ModelInfo("smollm2", 8192, 16, 2, 1000))),
     "Ready.default_sampling": ("980201a7736d6f6c6c6d32cd20001002cd03e8cdc000",  # before default_sampling
-                               Ready(1, "smollm2", 8192, 16, 2, 1000, 49152)),
+                               Ready(1, ModelInfo("smollm2", 8192, 16, 2, 1000, 49152))),
     "AddRequest": (  # before grammar
         "9903a57265712d31930102cd012c89a16e01ab74656d7065726174757265cb0000000000000000a5746f705f70"
         "cb3ff0000000000000a5746f705f6b00a473656564c0aa6d61785f746f6b656e7308aa6d696e5f746f6b656e73"
@@ -113,6 +114,10 @@ OLDER_PEER_HEX = {
         "6c6f6769745f62696173919207cb4059000000000000a86c6f6770726f62730200a0cb0000000000000000cb3ff0000000000000a0",
         AddRequest("req-2", [1], SamplingParams(presence_penalty=0.5, frequency_penalty=-1.0, repetition_penalty=1.25,
                                                 min_p=0.125, logit_bias=((7, 100.0),), logprobs=2))),
+    # its Finished before queue_seconds (the queue time of issue 12)
+    "StepOutputs with logprobs": (
+        "94059197a57265712d3100922ace00011170030200909194a57265712d3100a66c656e6774689303020009",
+        SAMPLES["StepOutputs"]),
     # its TokenDelta before logprobs
     "StepOutputs": (
         "94059196a57265712d3100922ace000111700302009194a57265712d3100a66c656e6774689303020009", SAMPLES["StepOutputs"]),
@@ -122,7 +127,7 @@ OLDER_PEER_HEX = {
 # A request that uses none of the new sampling fields encodes exactly as before (AddRequest above).
 EXTENDED: dict[str, tuple[Message, str]] = {
     "Ready": (
-        Ready(1, "smollm2", 8192, 16, 2, 1000, 49152, [SamplingDefault("temperature", 0.5)]),
+        Ready(1, ModelInfo("smollm2", 8192, 16, 2, 1000, 49152, (SamplingDefault("temperature", 0.5),))),
         "990201a7736d6f6c6c6d32cd20001002cd03e8cdc0009192ab74656d7065726174757265cb3fe0000000000000",
     ),
     "AddRequest": (
@@ -134,6 +139,10 @@ EXTENDED: dict[str, tuple[Message, str]] = {
         "cbbff0000000000000b272657065746974696f6e5f70656e616c7479cb3ff4000000000000a56d696e5f70cb3fc0000000000000aa"
         "6c6f6769745f62696173919207cb4059000000000000a86c6f6770726f62730200a0cb0000000000000000cb3ff0000000000000a0c0"
     ),  # (the trailing c0: the grammar, appended after; the frame without it is in OLDER_PEER_HEX)
+    "Finished with queue time": (
+        StepOutputs([], [Finished("req-3", 1, "stop", Usage(5, 4, 2), 0.25)], 7),
+        "9405909195a57265712d3301a473746f7093050402cb3fd000000000000007",
+    ),
     "StepOutputs": (
         StepOutputs([TokenDelta("req-2", 0, [42], 1, 1, 0, [TokenLogprob(-0.5, [42, 7], [-0.5, -1.25])])], [], 3),
         "94059197a57265712d3200912a0101009193cbbfe0000000000000922a0792cbbfe0000000000000cbbff40000000000009003",
@@ -228,8 +237,18 @@ def test_missing_trailing_fields_with_defaults_are_filled() -> None:
 
 
 def test_missing_required_field_is_named() -> None:
-    with pytest.raises(ProtocolError, match=r"Ready: missing field 'block_size'"):
+    with pytest.raises(ProtocolError, match=r"Ready.model: missing field 'block_size'"):
         decode(msgpack.packb(_raw(SAMPLES["Ready"])[:4]))
+    with pytest.raises(ProtocolError, match=r"Ready.model: missing field 'model_name'"):
+        decode(msgpack.packb(_raw(SAMPLES["Ready"])[:2]))
+
+
+def test_ready_carries_the_model_info_inline() -> None:
+    """Ready's frame is [tag, protocol_version, *ModelInfo's fields]: the record's fields are Ready's
+    (the same bytes as when they were declared on Ready), and a newer engine's appended ones are ignored."""
+    info = ModelInfo("m", 64, 4, None, 8, 100, (SamplingDefault("top_p", 0.5),))
+    assert _raw(Ready(1, info)) == [2, 1, "m", 64, 4, None, 8, 100, [["top_p", 0.5]]]
+    assert decode(msgpack.packb([2, 1, "m", 64, 4, None, 8, 100, [["top_p", 0.5]], "future field"])) == Ready(1, info)
 
 
 @pytest.mark.parametrize(
@@ -238,6 +257,8 @@ def test_missing_required_field_is_named() -> None:
         ("Hello", 1, "1", r"Hello.protocol_version: expected int, got str"),
         ("Hello", 1, True, r"Hello.protocol_version: expected int, got bool"),
         ("Hello", 2, None, r"Hello.gateway_id: expected str"),
+        ("Ready", 3, "long", r"Ready.model.max_model_len: expected int"),
+        ("Ready", 8, [["top_p", "x"]], r"Ready.model.default_sampling\[\].value: expected float"),
         ("AddRequest", 2, [1, "x"], r"AddRequest.prompt_token_ids\[\]: expected int"),
         ("AddRequest", 2, {"a": 1}, r"AddRequest.prompt_token_ids: expected array"),
         ("AddRequest", 3, [1], r"AddRequest.sampling: expected map"),

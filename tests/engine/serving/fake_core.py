@@ -17,16 +17,17 @@ from engine.outputs import RequestDelta
 from engine.request import Request
 from engine.scheduling.config import SchedulerConfig
 from engine.scheduling.request_checks import validate_request
-from engine.serving.server import EngineInfo, EngineServer, ServerConfig
+from engine.serving.server import EngineServer, ServerConfig
 from engine.serving.synthetic_core import SyntheticCore
 from engine.step_failures import RequestsFailed
+from shared.model_info import ModelInfo
 
 
 class FakeCore(SyntheticCore):
     """SyntheticCore (tokens 100, 101, ...) plus what tests steer: the real core's admission checks,
     a step gate, an injected failure, the aborted ids, and a refusal of huge max_tokens."""
 
-    def __init__(self, num_blocks: int = 64, block_size: int = 4, info: EngineInfo | None = None) -> None:
+    def __init__(self, num_blocks: int = 64, block_size: int = 4, info: ModelInfo | None = None) -> None:
         super().__init__(range(100, 10_100), num_blocks, block_size)
         self.info = info or INFO
         """The model facts requests are checked against (the real core's admission checks)."""
@@ -65,7 +66,7 @@ class FakeCore(SyntheticCore):
         return super().step()
 
 
-INFO = EngineInfo("fake", max_model_len=64, block_size=4, eos_token_id=2, num_blocks=64, vocab_size=1000)
+INFO = ModelInfo("fake", max_model_len=64, block_size=4, eos_token_id=2, num_blocks=64, vocab_size=1000)
 
 
 @dataclass

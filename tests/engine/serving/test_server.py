@@ -20,6 +20,7 @@ import pytest
 import zmq
 
 from gateway.engine_client import EngineClient, EngineDeadError, EngineUnavailableError
+from shared.model_info import ModelInfo
 from shared.protocol import (
     PROTOCOL_VERSION,
     Abort,
@@ -27,7 +28,6 @@ from shared.protocol import (
     Error,
     Finished,
     Hello,
-    Ready,
     Stats,
     StepOutputs,
     TokenDelta,
@@ -59,8 +59,8 @@ class EngineProcess:
                                      cwd=Path(__file__).resolve().parents[3], env={**os.environ})
         self.ready = self._wait_ready()
 
-    def _wait_ready(self) -> Ready:
-        async def handshake() -> Ready | None:
+    def _wait_ready(self) -> ModelInfo:
+        async def handshake() -> ModelInfo | None:
             client = EngineClient(self.address, gateway_id="probe", handshake_timeout=2.0)
             try:
                 await client.start()
@@ -119,8 +119,7 @@ def greedy(rid: str, prompt: list[int], max_tokens: int) -> AddRequest:
 
 
 def test_ready_describes_the_loaded_model(engine: EngineProcess) -> None:
-    assert engine.ready.protocol_version == PROTOCOL_VERSION
-    assert engine.ready.model_name == "smollm2"
+    assert engine.ready.model_name == "smollm2"  # (the client took Ready only with our PROTOCOL_VERSION)
     assert (engine.ready.max_model_len, engine.ready.block_size) == (512, BLOCK_SIZE)
     assert engine.ready.eos_token_id == 2 and engine.ready.num_blocks == NUM_BLOCKS
 

@@ -14,6 +14,7 @@ def test_flags_map_onto_each_components_config() -> None:
         "--model", "/models/x", "--dtype", "bfloat16", "--max-model-len", "4096", "--block-size", "32",
         "--kv-cache-memory", "1.5", "--swap-space", "0.25", "--num-blocks", "100", "--max-num-seqs", "8",
         "--max-num-batched-tokens", "512", "--no-prefix-caching", "--attention-backend", "torch",
+        "--default-sampling", '{"temperature": 0.7}',
     ])
     config = engine_config(args)
     assert (config.model.model, config.model.dtype, config.model.max_model_len) == ("/models/x", "bfloat16", 4096)
@@ -21,6 +22,7 @@ def test_flags_map_onto_each_components_config() -> None:
     assert config.cache.kv_cache_memory == int(1.5 * GiB) and config.cache.swap_space == GiB // 4
     assert (config.scheduler.max_num_seqs, config.scheduler.max_num_batched_tokens) == (8, 512)
     assert config.scheduler.enable_prefix_caching is False and config.attention_backend == "torch"
+    assert config.default_sampling == '{"temperature": 0.7}'  # the core resolves it into its ModelInfo
 
 
 def test_defaults_are_the_components_defaults() -> None:

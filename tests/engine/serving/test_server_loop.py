@@ -15,6 +15,7 @@ import pytest
 import zmq
 
 from engine.step_failures import RequestsFailed
+from shared.model_info import ModelInfo
 from shared.protocol import (
     DEADLINE_EXCEEDED,
     PROTOCOL_VERSION,
@@ -75,7 +76,7 @@ def add(rid: str, max_tokens: int = 4, prompt: list[int] | None = None, n: int =
 
 def test_hello_gets_ready_with_the_model_facts(engine: Running, ctx: zmq.Context) -> None:
     gw = RawGateway(ctx, engine.server.address)
-    assert gw.ready == Ready(PROTOCOL_VERSION, "fake", 64, 4, 2, 64, 1000, [])
+    assert gw.ready == Ready(PROTOCOL_VERSION, ModelInfo("fake", 64, 4, 2, 64, 1000))
 
 
 def test_version_mismatch_is_refused_naming_both_versions(engine: Running, ctx: zmq.Context) -> None:
@@ -110,6 +111,17 @@ def test_one_step_batches_all_of_a_gateways_requests_into_one_message(engine: Ru
     msgs = gw.recv_until_finished({"a", "b"})
     per_step = [sorted(d.request_id for d in m.deltas) for m in msgs]
     assert ["a", "b"] in per_step  # a step that ran both sent them together
+
+
+def test_finished_carries_the_time_from_arrival_to_the_first_step(engine: Running, ctx: zmq.Context) -> None:
+    gw = RawGateway(ctx, engine.server.address)
+    engine.core.step_gate.clear()  # the first step waits: the request is queued meanwhile
+    gw.send(add("held", max_tokens=2))
+    assert engine.core.entered_step.wait(5.0)
+    time.sleep(0.2)
+    engine.core.step_gate.set()
+    (fin,) = [f for m in gw.recv_until_finished({"held"}) for f in m.finished]
+    assert fin.queue_seconds is not None and 0.2 <= fin.queue_seconds < 5.0
 
 
 def test_two_gateways_outputs_are_not_mixed(engine: Running, ctx: zmq.Context) -> None:
@@ -213,7 +225,7 @@ def test_duplicate_request_id_in_flight_is_refused(engine: Running, ctx: zmq.Con
 
 def test_garbage_frames_are_answered_and_survived(engine: Running, ctx: zmq.Context) -> None:
     gw = RawGateway(ctx, engine.server.address)
-    garbage = [b"", b"\xc1\xff", b"\x93\x01", encode(add("x"))[:-3], encode(Ready(1, "m", 1, 1, None, 1)),
+    garbage = [b"", b"\xc1\xff", b"\x93\x01", encode(add("x"))[:-3], encode(Ready(1, ModelInfo("m", 1, 1, None, 1))),
                b"\x92\x63\x01"]
     for frame in garbage:
         gw.sock.send(frame)

@@ -9,14 +9,17 @@ import time
 from collections.abc import AsyncIterator, Callable
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from engine.serving.server import EngineServer, ServerConfig
 from gateway.engine_client import EngineDeadError
-from gateway.replicas import routing_metrics
+from gateway.metrics import GatewayMetrics, render
+from gateway.replicas import observe_routing, replica_loads, routing_metrics
 from gateway.replicas.config import ReplicasConfig
 from gateway.replicas.failover import FailoverStream
 from gateway.replicas.policy import RoutingConfig, rendezvous_order
 from gateway.replicas.replica_set import ReplicaSet
+from gateway.routing_metrics import ReplicaCollector
 from shared.block_hash import prefix_hash
 from shared.protocol import AddRequest, Finished, TokenDelta
 from shared.sampling import SamplingParams
@@ -76,6 +79,13 @@ async def two() -> AsyncIterator[tuple[Engine, Engine, ReplicaSet]]:
     await b.stop()
 
 
+def exported(replicas: ReplicaSet, metrics: GatewayMetrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """What /metrics shows of the routing: sample name and labels -> value."""
+    text = render(metrics, ReplicaCollector(lambda: replica_loads(replicas))).decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value for f in text_string_to_metric_families(text)
+            for s in f.samples if s.name.startswith(("pageserve:router", "pageserve:replica", "pageserve:live"))}
+
+
 def affine(prompt: list[int], salt: str, addresses: list[str]) -> str:
     key = prefix_hash(prompt, salt, INFO.block_size, ROUTING.affinity_blocks)
     assert key is not None
@@ -85,6 +95,8 @@ def affine(prompt: list[int], salt: str, addresses: list[str]) -> str:
 async def test_requests_sharing_a_prefix_meet_on_their_affine_replica(two: tuple[Engine, Engine, ReplicaSet]) -> None:
     a, b, replicas = two
     router = replicas.router
+    prometheus = GatewayMetrics()
+    assert observe_routing(replicas, prometheus.routing) and not observe_routing(object(), prometheus.routing)
     for salt in ("t1", "t2", "t3", "t4"):
         prompt = [7, 8, 9, 10, 11, 12, 13, 14, 15]
         served = set()
@@ -99,6 +111,15 @@ async def test_requests_sharing_a_prefix_meet_on_their_affine_replica(two: tuple
     assert metrics is not None and metrics["live_replicas"] == 2 and metrics["decisions"] == {"affinity": 12}
     assert set(metrics["replicas"]) == {a.address, b.address}  # type: ignore[call-overload]
     assert routing_metrics(object()) is None  # the single engine link has none
+    shown = exported(replicas, prometheus)
+    decisions = {dict(labels)["replica"]: v for (name, labels), v in shown.items()
+                 if name == "pageserve:router_decisions_total" and dict(labels)["reason"] == "affinity"}
+    assert sum(decisions.values()) == 12 and set(decisions) <= {a.address, b.address}
+    assert decisions == {k: float(v) for k, v in replicas.counters.routed.items()}
+    assert shown[("pageserve:live_replicas", ())] == 2
+    for gauge in ("pageserve:replica_requests_waiting", "pageserve:replica_requests_running"):
+        assert {dict(labels)["replica"] for (name, labels) in shown if name == gauge} == {a.address, b.address}
+    assert shown[("pageserve:router_retries_total", ())] == 0
     total = await router.stats()  # the replicas' stats added up
     assert total.num_finished == 12 and total.num_gateways == 2 and total.num_total_blocks == 2 * INFO.num_blocks
     assert router.model_info.model_name == "fake"
@@ -112,6 +133,8 @@ async def test_a_short_prompt_goes_by_load(two: tuple[Engine, Engine, ReplicaSet
 
 async def test_a_stalled_replica_leaves_and_its_unstarted_request_moves(two: tuple[Engine, Engine, ReplicaSet]) -> None:
     a, b, replicas = two
+    metrics = GatewayMetrics()
+    observe_routing(replicas, metrics.routing)
     prompt = list(range(20, 40))
     home = affine(prompt, "", [a.address, b.address])
     stuck, other = (a, b) if home == a.address else (b, a)
@@ -124,6 +147,10 @@ async def test_a_stalled_replica_leaves_and_its_unstarted_request_moves(two: tup
     assert stream.replica == other.address
     assert sum(len(x.new_token_ids) for x in items if isinstance(x, TokenDelta)) == 4
     assert replicas.counters.retries == 1 and replicas.counters.evictions["stalled"] == 1
+    shown = exported(replicas, metrics)
+    assert shown[("pageserve:router_retries_total", ())] == 1
+    assert shown[("pageserve:replica_evictions_total", (("reason", "stalled"),))] == 1
+    assert shown[("pageserve:live_replicas", ())] == 1
     assert [r.address for r in replicas.live()] == [other.address]
     stuck.core.step_gate.set()  # it recovers: the next handshake brings it back
     await until(lambda: len(replicas.live()) == 2, 5)
@@ -162,12 +189,17 @@ async def test_a_stopping_replica_refuses_and_the_request_goes_elsewhere(
 
 async def test_with_no_replica_left_the_request_fails_cleanly(two: tuple[Engine, Engine, ReplicaSet]) -> None:
     a, b, replicas = two
+    metrics = GatewayMetrics()
+    observe_routing(replicas, metrics.routing)
     a.core.step_gate.clear()
     b.core.step_gate.clear()
     stream = await replicas.router.submit(request("doomed", list(range(200, 220))))
     with pytest.raises(EngineDeadError):
         await asyncio.wait_for(drain(stream), 10)
     assert replicas.counters.retries == 1 and replicas.counters.failovers_exhausted == 1
+    shown = exported(replicas, metrics)
+    assert shown[("pageserve:router_failovers_exhausted_total", ())] == 1
+    assert shown[("pageserve:router_retries_total", ())] == 1
     assert replicas.client is None  # the gateway answers 503 until one comes back
 
 

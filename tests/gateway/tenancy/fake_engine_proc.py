@@ -11,12 +11,13 @@ from __future__ import annotations
 import signal
 import sys
 
-from engine.serving.server import EngineInfo, EngineServer, ServerConfig
+from engine.serving.server import EngineServer, ServerConfig
+from shared.model_info import ModelInfo
 from tests.engine.serving.fake_core import FakeCore
 
 
 def main(listen: str) -> int:
-    info = EngineInfo("smollm2", max_model_len=2048, block_size=16, eos_token_id=2, num_blocks=4096,
+    info = ModelInfo("smollm2", max_model_len=2048, block_size=16, eos_token_id=2, num_blocks=4096,
                       vocab_size=49152)
     server = EngineServer(FakeCore(num_blocks=4096, block_size=16, info=info), info,
                           ServerConfig(listen=listen, shutdown_grace_s=0.2, close_linger_ms=200))
