@@ -99,7 +99,7 @@ def main(argv: list[str]) -> int:
     full = get_workload("throughput", core.model_info.vocab_size)
     w = Workload("agreement", tuple(WorkloadRequest(r.prompt, min(r.output_len, args.output_len))
                                     for r in full.requests[: args.num_requests]))
-    model_dir = str(core.model_info.path)
+    model_dir = str(core.model_path)
     print(f"{len(w.prompts)} throughput requests, {w.output_tokens} output tokens; reference: HF float32", flush=True)
     t0 = time.perf_counter()
     reference = hf_reference(model_dir, w)
