@@ -112,6 +112,23 @@ def test_non_ascii_literals_come_out_whole(llm: LLM, decode: Any, literal: str) 
     _nothing_held(llm)
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_min_tokens_gives_way_to_a_finished_grammar(llm: LLM, decode: Any, temperature: float,
+                                                    caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 17: the grammar wins. Once it allows only EOS the request ends there ("stop"), short of
+    min_tokens, its output valid; a free row beside it still honours min_tokens."""
+    schema = {"type": "object", "properties": {"v": {"enum": ["ab", "cd"]}}, "required": ["v"]}
+    params = [SamplingParams(temperature=temperature, seed=3, min_tokens=40, max_tokens=60),
+              SamplingParams(temperature=temperature, seed=4, min_tokens=12, max_tokens=12)]
+    constrained, free = llm.generate(random_prompts([6, 8], 512, seed=4), params, detokenize=False,
+                                     grammar=[GrammarSpec("json_schema", json.dumps(schema)), None])
+    assert constrained.finish_reason == "stop" and len(constrained.token_ids) < 40
+    jsonschema.validate(json.loads(decode(constrained.token_ids)), schema)
+    assert "outside its grammar" not in caplog.text
+    assert free.finish_reason == "length" and len(free.token_ids) == 12
+    _nothing_held(llm)
+
+
 def test_regex_choice_json_object_and_ebnf(llm: LLM, decode: Any) -> None:
     prompts = random_prompts([5, 9, 13, 4, 8], 512, seed=3)
     specs = [
