@@ -3,6 +3,10 @@
 Stop tokens (EOS unless ignore_eos, and stop_token_ids) are honoured only once more
 than min_tokens tokens were generated (the sampler also masks them before that);
 then max_tokens and the model's context end the request with "length".
+
+A constrained request (a grammar) is the exception: the sampler lets a stop token through
+before min_tokens only when the grammar allows nothing else (the grammar wins,
+engine/worker/logits_processors.py), and such a token ends the request with "stop".
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ def finish_status(req: Request, max_model_len: int) -> RequestStatus | None:
     if n_out == 0:
         return None
     last = req.output_token_ids[-1]
-    if n_out > params.min_tokens:
+    if n_out > params.min_tokens or req.grammar is not None:
         if last in params.stop_token_ids:
             return RequestStatus.FINISHED_STOPPED
         if not params.ignore_eos and req.eos_token_id is not None and last == req.eos_token_id:

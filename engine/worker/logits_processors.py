@@ -9,7 +9,8 @@ reads a value back to the host: no device sync.
 
 Definitions (the tests compare each with transformers' logits processors):
 
-    min_tokens          EOS and stop ids -> -inf until min_tokens were generated
+    min_tokens          EOS and stop ids -> -inf until min_tokens were generated (a row a
+                        grammar restricts to them keeps them: the grammar wins)
     logit_bias          logits[id] += bias                  (OpenAI; SequenceBiasLogitsProcessor)
     repetition_penalty  for ids in prompt or output: l > 0 ? l / p : l * p
                         (transformers' RepetitionPenaltyLogitsProcessor, vLLM's)
@@ -46,18 +47,35 @@ def _values(values: Sequence[float], like: torch.Tensor) -> torch.Tensor:
 
 
 def mask_min_tokens(logits: torch.Tensor, chunks: Sequence[ScheduledChunk]) -> None:
-    """Rows that generated fewer than min_tokens cannot stop yet: EOS and stop ids -> -inf."""
-    rows: list[int] = []
-    cols: list[int] = []
+    """Rows that generated fewer than min_tokens cannot stop yet: EOS and stop ids -> -inf.
+
+    The grammar wins (as vLLM decides): a constrained row whose grammar is complete allows only
+    its stop tokens, and masking them too would leave the row all -inf (argmax picks id 0, softmax
+    gives NaN). Such a row keeps its stop tokens, and the request ends there ("stop",
+    engine/scheduling/stop_conditions.py) before min_tokens."""
+    plain: tuple[list[int], list[int]] = ([], [])
+    constrained: tuple[list[int], list[int]] = ([], [])
     for i, c in enumerate(chunks):
         if c.num_output_tokens < c.sampling.min_tokens:
             banned = list(c.sampling.stop_token_ids)
             if c.eos_token_id is not None:
                 banned.append(c.eos_token_id)
+            rows, cols = constrained if c.grammar is not None else plain
             rows += [i] * len(banned)
             cols += banned
-    if rows:
-        logits[_ids(rows, logits.device), _ids(cols, logits.device)] = float("-inf")
+    if plain[0]:
+        logits[_ids(plain[0], logits.device), _ids(plain[1], logits.device)] = float("-inf")
+    if constrained[0]:
+        _mask_unless_emptied(logits, _ids(constrained[0], logits.device), _ids(constrained[1], logits.device))
+
+
+def _mask_unless_emptied(logits: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> None:
+    """logits[rows, cols] -> -inf, except in rows that this would leave with no finite logit
+    (on the device, no read-back: only rows with a grammar and min_tokens pay the row scan)."""
+    kept = logits[rows, cols]  # (E,) a copy
+    logits[rows, cols] = float("-inf")
+    emptied = ~torch.isfinite(logits[rows]).any(dim=-1)  # (E,) per entry, its row's verdict
+    logits[rows, cols] = torch.where(emptied, kept, torch.full_like(kept, float("-inf")))
 
 
 def apply_logit_bias(logits: torch.Tensor, chunks: Sequence[ScheduledChunk]) -> None:

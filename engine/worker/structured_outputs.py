@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -97,7 +98,9 @@ class StructuredOutputs:
             import xgrammar
 
             info = _tokenizer_info(self._model_path, self._vocab_size, self._eos_token_id)
-            self._compiler = xgrammar.GrammarCompiler(info, max_threads=1)
+            # xgrammar's own cache is off: `_compiled` is ours (bounded), and xgrammar's keys a grammar
+            # by its printed text and compiles that text parsed back, which is not faithful (`_reparsable`).
+            self._compiler = xgrammar.GrammarCompiler(info, max_threads=1, cache_enabled=False)
         return self._compiler
 
     # -- each step ------------------------------------------------------------------------
@@ -216,7 +219,20 @@ def _json_grammar(xgrammar: Any, schema: str, strict: bool) -> Any:
     which admits raw control characters (invalid JSON; found by tests/engine/worker/test_structured_outputs.py).
     We narrow that class to the one its unbounded strings use; such strings then hold no escapes."""
     ebnf = str(xgrammar.Grammar.from_json_schema(schema, any_whitespace=False, strict_mode=strict))
-    return xgrammar.Grammar.from_ebnf(ebnf.replace(_LENGTH_BOUNDED_CHAR, _JSON_STRING_CHAR))
+    return xgrammar.Grammar.from_ebnf(_reparsable(ebnf).replace(_LENGTH_BOUNDED_CHAR, _JSON_STRING_CHAR))
+
+
+_ESCAPE = re.compile(r"\\(?:x([0-9a-fA-F]{2})|.)", re.DOTALL)
+
+
+def _reparsable(ebnf: str) -> str:
+    """xgrammar's printed EBNF, made to parse back to the same grammar.
+
+    xgrammar 0.2.9 prints U+0080..U+00FF as `\\xHH`, but its parser reads every hex digit
+    after `\\x`: "aéca" prints as `a\\xe9ca` and parses back as "a\\ue9ca" (one private-use
+    character), so an enum literal with a Latin-1 letter came out mis-decoded (issue 17).
+    `\\u00HH` reads exactly four digits. Other escapes (`\\\\` included) pass unchanged."""
+    return _ESCAPE.sub(lambda m: f"\\u00{m.group(1)}" if m.group(1) else m.group(0), ebnf)
 
 
 def _ebnf_literal(text: str) -> str:

@@ -75,6 +75,23 @@ def test_json_schema_output_validates_streamed(client: openai.OpenAI) -> None:
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_non_ascii_enum_literals_arrive_whole(client: openai.OpenAI, stream: bool) -> None:
+    """Issue 17: "aéca" once came out as "a\\ue9ca"; a CJK or emoji literal is split across byte-level
+    tokens, and the gateway's detokenizer must hold partial UTF-8 back (streamed) rather than send U+FFFD."""
+    words = ["aéca", "東京", "e😀f"]
+    schema = {"type": "object", "properties": {w: {"enum": [w]} for w in words}, "required": words,
+              "additionalProperties": False}
+    args: dict[str, Any] = {"model": "smollm2", "messages": ASK, "response_format": _schema_format(schema),
+                            "max_tokens": 60, "temperature": 0}
+    if stream:
+        text = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(**args, stream=True)
+                       if c.choices)
+    else:
+        text = client.chat.completions.create(**args).choices[0].message.content or ""
+    assert json.loads(text) == {w: w for w in words}
+
+
 def test_the_sdk_parses_a_pydantic_response_format(client: openai.OpenAI) -> None:
     r = client.chat.completions.parse(model="smollm2", messages=ASK, response_format=City, max_tokens=120,
                                       temperature=0)

@@ -9,6 +9,7 @@ from engine.request import Request, RequestStatus
 from engine.scheduling.scheduler import RequestRejected, SchedulerConfig
 from engine.scheduling.stop_conditions import finish_status
 from shared.sampling import SamplingParams
+from shared.structured import GrammarSpec
 from tests.engine.scheduling.fakes import EOS, Run, make_request, make_scheduler, reference, run_to_end, step
 
 
@@ -120,6 +121,14 @@ def test_stop_conditions(params: SamplingParams, outputs: list[int], status: Req
     req = Request("s", [1] * 6, params, 0.0, eos_token_id=EOS)
     req.output_token_ids = outputs
     assert finish_status(req, max_model_len=10) == status
+
+
+def test_a_constrained_request_stops_where_its_grammar_ended_even_before_min_tokens() -> None:
+    """The sampler lets EOS through before min_tokens only when the grammar allows nothing else."""
+    req = Request("g", [1] * 6, SamplingParams(max_tokens=9, min_tokens=5), 0.0, eos_token_id=EOS,
+                  grammar=GrammarSpec("choice", '["ab"]'))
+    req.output_token_ids = [3, EOS]
+    assert finish_status(req, max_model_len=20) == RequestStatus.FINISHED_STOPPED
 
 
 def test_stop_conditions_through_the_scheduler_match_the_reference() -> None:

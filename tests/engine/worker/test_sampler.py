@@ -6,14 +6,18 @@ import pytest
 import torch
 
 from engine.outputs import ScheduledChunk
+from engine.worker.logits_processors import mask_min_tokens
 from engine.worker.sampler import Sampler
 from shared.sampling import SamplingParams
+from shared.structured import GrammarSpec
 
 V = 50
 
 
-def chunk(rid: str, n_out: int = 0, eos: int | None = 2, **params: object) -> ScheduledChunk:
-    return ScheduledChunk(rid, [7], 10, [0], True, SamplingParams(max_tokens=100, **params), n_out, eos)  # type: ignore[arg-type]
+def chunk(rid: str, n_out: int = 0, eos: int | None = 2, grammar: GrammarSpec | None = None,
+          **params: object) -> ScheduledChunk:
+    return ScheduledChunk(rid, [7], 10, [0], True, SamplingParams(max_tokens=100, **params), n_out, eos,  # type: ignore[arg-type]
+                          grammar=grammar)
 
 
 def logits(rows: int, seed: int = 0) -> torch.Tensor:
@@ -84,6 +88,29 @@ def test_min_tokens_masks_eos_and_stop_ids(temperature: float) -> None:
     assert s.sample(lg.clone(), [early])[0] == 8
     done = chunk("m2", n_out=3, eos=2, temperature=0.0, min_tokens=3, stop_token_ids=(5,))
     assert s.sample(lg.clone(), [done])[0] == 2
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_min_tokens_never_empties_a_row_its_grammar_ended(temperature: float) -> None:
+    """Issue 17: a complete grammar allows only EOS; min_tokens must not mask that too (the grammar wins)."""
+    grammar = GrammarSpec("choice", '["ab"]')
+    lg = torch.full((4, V), float("-inf"))
+    lg[0, 2] = lg[3, 2] = 1.0  # rows 0, 3: a grammar that allows only EOS
+    lg[1, 2] = lg[1, 9] = 1.0  # row 1: a grammar that allows EOS or token 9
+    lg[2] = logits(1)[0]       # row 2: unconstrained
+    lg[2, 2] = 50.0
+    rows = [chunk("done", n_out=2, temperature=temperature, min_tokens=8, grammar=grammar),
+            chunk("open", n_out=2, temperature=temperature, min_tokens=8, grammar=grammar),
+            chunk("free", n_out=2, temperature=temperature, min_tokens=8),
+            chunk("done-stop-id", n_out=2, temperature=temperature, min_tokens=8, stop_token_ids=(2, 4),
+                  grammar=grammar)]
+    masked = lg.clone()
+    mask_min_tokens(masked, rows)
+    assert torch.isfinite(masked).any(dim=-1).all()
+    assert not torch.softmax(masked, dim=-1).isnan().any()
+    assert masked[1, 2] == masked[2, 2] == float("-inf") and masked[3, 4] == float("-inf")
+    tokens = Sampler().sample(lg.clone(), rows)
+    assert tokens[0] == tokens[3] == 2 and tokens[1] == 9 and tokens[2] != 2
 
 
 def test_finished_requests_drop_their_generators() -> None:

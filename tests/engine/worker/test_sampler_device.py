@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import types
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -25,6 +26,7 @@ import engine.worker.sampler
 from engine.outputs import ScheduledChunk
 from engine.worker.sampler import Sampler
 from shared.sampling import SamplingParams
+from shared.structured import GrammarSpec
 
 V = 64
 
@@ -59,28 +61,29 @@ def every_feature() -> list[ScheduledChunk]:
         row("penalised", repetition_penalty=1.3, frequency_penalty=0.5, presence_penalty=0.25, min_p=0.1),
         row("min-tokens", temperature=0.0, min_tokens=10, stop_token_ids=(6,), presence_penalty=1.0),
         row("biased", temperature=0.7, logit_bias=((1, -100.0), (2, 3.0)), logprobs=20),
+        replace(row("constrained-min-tokens", min_tokens=10), grammar=GrammarSpec("json_object")),
     ]
 
 
 def run_on_meta() -> engine.worker.sampler.DeviceSample:
     meta = torch.device("meta")
-    logits = torch.empty(6, V, device=meta)
+    logits = torch.empty(7, V, device=meta)
     with OnlyOn(meta):
         return Sampler().sample_on_device(logits, every_feature())
 
 
 def test_a_whole_step_runs_on_the_meta_device_without_reading_back() -> None:
     out = run_on_meta()
-    assert out.tokens.device.type == "meta" and out.tokens.shape == (6,)
+    assert out.tokens.device.type == "meta" and out.tokens.shape == (7,)
     assert out.logprobs is not None and out.logprobs.top_ids.shape == (3, 20)
 
 
 def test_the_same_step_on_the_cpu_gives_tokens() -> None:
     """The meta run is the real code path: on the CPU the same batch samples real tokens."""
-    logits = torch.randn(6, V, generator=torch.Generator().manual_seed(0))
+    logits = torch.randn(7, V, generator=torch.Generator().manual_seed(0))
     with OnlyOn(torch.device("cpu")):
         out = Sampler().sample_with_logprobs(logits, every_feature())
-    assert len(out.token_ids) == 6 and all(0 <= t < V for t in out.token_ids)
+    assert len(out.token_ids) == 7 and all(0 <= t < V for t in out.token_ids)
     assert out.token_ids[0] == 4  # bias +5 on id 4 over standard normal logits wins the argmax
     assert sorted(out.logprobs) == [0, 2, 5]
 
@@ -131,6 +134,6 @@ def test_generators_are_made_on_the_logits_device(monkeypatch: pytest.MonkeyPatc
 
     monkeypatch.setattr(engine.worker.sampler, "torch", _on_cpu("Generator"))
     monkeypatch.setattr(engine.worker.sampler.torch, "Generator", generator)
-    logits = torch.randn(6, V)
+    logits = torch.randn(7, V)
     Sampler().sample_on_device(logits, every_feature())
-    assert len(asked) == 4 and all(d == logits.device for d in asked)  # one per random row
+    assert len(asked) == 5 and all(d == logits.device for d in asked)  # one per random row

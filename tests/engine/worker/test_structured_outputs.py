@@ -52,8 +52,6 @@ def _nothing_held(llm: LLM) -> None:
 
 # -- random JSON schemas ---------------------------------------------------------------------
 
-# Enum literals are ASCII here: with a non-ASCII literal ("aéca") the output once held "a\ue9ca"
-# (an open bug between xgrammar's vocabulary and the tiny test tokenizer's byte-level pieces; issue 17's note).
 _names = st.sampled_from(["a", "bb", "name", "x_1", "value", "q"])
 _leaves = st.one_of(
     st.builds(lambda lo, n: {"type": "string", "minLength": lo, "maxLength": lo + n},
@@ -62,7 +60,7 @@ _leaves = st.one_of(
               st.integers(-50, 50), st.integers(0, 500)),
     st.just({"type": "boolean"}),
     st.just({"type": "null"}),
-    st.builds(lambda xs: {"enum": xs}, st.lists(st.one_of(st.text("abc\"", max_size=4), st.integers(-9, 99)),
+    st.builds(lambda xs: {"enum": xs}, st.lists(st.one_of(st.text("abc\"é中😀", max_size=4), st.integers(-9, 99)),
                                                 min_size=1, max_size=4, unique=True)),
 )
 
@@ -96,6 +94,38 @@ def test_json_schema_outputs_always_parse_and_validate(llm: LLM, decode: Any, sc
     for schema, result in zip(schemas, results, strict=False):
         assert result.finish_reason == "stop"
         jsonschema.validate(json.loads(decode(result.token_ids)), schema)
+    _nothing_held(llm)
+
+
+@pytest.mark.parametrize("literal", ["aéca", "ÿf", "x中文y", "e😀f"])
+def test_non_ascii_literals_come_out_whole(llm: LLM, decode: Any, literal: str) -> None:
+    """Issue 17: xgrammar prints U+0080..U+00FF as `\\xHH` and parses every hex digit after `\\x` back,
+    so "aéca" once came out as "a\\ue9ca" (a JSON schema's enum, a tool's schema)."""
+    enum = {"type": "object", "properties": {"v": {"enum": [literal]}}, "required": ["v"]}
+    specs = [GrammarSpec("json_schema", json.dumps(enum)),
+             GrammarSpec("tool_call", json.dumps([{"name": "f", "parameters": enum}]))]
+    params = SamplingParams(temperature=0.0, max_tokens=80)
+    texts = [decode(r.token_ids) for r in llm.generate(random_prompts([6, 6], 512, seed=2), params,
+                                                         detokenize=False, grammar=specs)]
+    assert json.loads(texts[0]) == {"v": literal}
+    assert json.loads(texts[1][12:-13]) == {"name": "f", "arguments": {"v": literal}}
+    _nothing_held(llm)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_min_tokens_gives_way_to_a_finished_grammar(llm: LLM, decode: Any, temperature: float,
+                                                    caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 17: the grammar wins. Once it allows only EOS the request ends there ("stop"), short of
+    min_tokens, its output valid; a free row beside it still honours min_tokens."""
+    schema = {"type": "object", "properties": {"v": {"enum": ["ab", "cd"]}}, "required": ["v"]}
+    params = [SamplingParams(temperature=temperature, seed=3, min_tokens=40, max_tokens=60),
+              SamplingParams(temperature=temperature, seed=4, min_tokens=12, max_tokens=12)]
+    constrained, free = llm.generate(random_prompts([6, 8], 512, seed=4), params, detokenize=False,
+                                     grammar=[GrammarSpec("json_schema", json.dumps(schema)), None])
+    assert constrained.finish_reason == "stop" and len(constrained.token_ids) < 40
+    jsonschema.validate(json.loads(decode(constrained.token_ids)), schema)
+    assert "outside its grammar" not in caplog.text
+    assert free.finish_reason == "length" and len(free.token_ids) == 12
     _nothing_held(llm)
 
 
