@@ -73,10 +73,11 @@ def books(stack: Stack, redis_url: str) -> Any:
 def _gateway_in_flight(stack: Stack) -> float:
     """The gateway's in-flight table (`pageserve:active_streams`, all workers), from /metrics.
 
-    A one-worker gateway's own metrics reach /metrics only with main's b0a187b (PROMETHEUS_MULTIPROC_DIR
-    set before prometheus_client is imported); on a tree without it the gauge is absent and reads 0."""
+    The gauge must be there: a missing one would read as "nothing held" and hide a leaked stream."""
     text = httpx.get(stack.base_url + "/metrics", timeout=10).text
-    return sum(float(v) for v in re.findall(r"^pageserve:active_streams(?:\{[^}]*\})? (\S+)$", text, re.MULTILINE))
+    values = re.findall(r"^pageserve:active_streams(?:\{[^}]*\})? (\S+)$", text, re.MULTILINE)
+    assert values, "pageserve:active_streams is missing from the gateway's /metrics"
+    return sum(float(v) for v in values)
 
 
 def _nothing_held(stack: Stack, books: Books) -> bool:
