@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from gateway.errors import InvalidRequest
 from gateway.request_fields import split_fields
@@ -39,8 +39,22 @@ INT32_MAX = 2**31 - 1
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 """Seeds (vLLM's range): seed + sample index stays inside torch.Generator.manual_seed and msgpack's uint64."""
 
-Count = Annotated[int, Field(ge=0, le=INT32_MAX)]
-TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
+
+
+def _whole_number(value: Any) -> Any:
+    """5.0 -> 5: JSON Schema counts a whole-number float as an integer (so clients and the OpenAPI
+    document do; schemathesis sent `"top_k": -1.0`). 5.5, "5" and true still fail strict validation."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2.0**64:
+        return int(value)
+    return value
+
+
+WHOLE = BeforeValidator(_whole_number)
+"""On every integer field of a body, after its bounds (so the OpenAPI document keeps them): strict, except
+that a whole-number float is that integer."""
+Int = Annotated[int, WHOLE]
+Count = Annotated[int, Field(ge=0, le=INT32_MAX), WHOLE]
+TokenId = Annotated[int, Field(ge=0, le=INT32_MAX), WHOLE]
 
 
 class _Body(BaseModel):
@@ -50,14 +64,14 @@ class _Body(BaseModel):
                               json_schema_extra={"additionalProperties": True})
 
     model: str
-    max_tokens: Annotated[int, Field(ge=1, le=INT32_MAX)] | None = None
+    max_tokens: Annotated[int, Field(ge=1, le=INT32_MAX), WHOLE] | None = None
     temperature: float | None = None
     top_p: float | None = None
-    top_k: Annotated[int, Field(ge=-1, le=INT32_MAX)] | None = None
+    top_k: Annotated[int, Field(ge=-1, le=INT32_MAX), WHOLE] | None = None
     """-1 or 0 disables top-k (vLLM accepts both)."""
-    n: Annotated[int, Field(ge=1, le=INT32_MAX)] | None = None
+    n: Annotated[int, Field(ge=1, le=INT32_MAX), WHOLE] | None = None
     stop: str | list[str] | None = None
-    seed: Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)] | None = None
+    seed: Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX), WHOLE] | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     min_tokens: Count | None = None
@@ -119,9 +133,9 @@ class _ChatBody(_Body):
     model_config = ConfigDict(title="ChatCompletionRequest")
 
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: Annotated[int, Field(ge=1, le=INT32_MAX)] | None = None
+    max_completion_tokens: Annotated[int, Field(ge=1, le=INT32_MAX), WHOLE] | None = None
     logprobs: bool | None = None
-    top_logprobs: int | None = None
+    top_logprobs: Int | None = None
     tools: list[Any] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
@@ -132,7 +146,7 @@ class _CompletionBody(_Body):
     model_config = ConfigDict(title="CompletionRequest")
 
     prompt: str | list[str] | list[TokenId] = Field(min_length=1)
-    logprobs: int | None = None
+    logprobs: Int | None = None
     """How many alternatives per token (0-20); the sampled token's logprob comes with any value."""
 
 

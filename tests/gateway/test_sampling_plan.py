@@ -83,3 +83,15 @@ def test_no_sampling_params_ever_exists_with_a_placeholder_max_tokens(monkeypatc
     info = ModelInfo("smollm2", 256, 16, 2, 64, 49152, (SamplingDefault("top_p", 0.9),))
     decided = decide_sampling("chat", settings, 56, "messages", info, LIMITS)
     assert built and set(built) == {decided.sampling.max_tokens} == {200}
+
+
+def test_a_whole_number_float_is_that_integer_and_other_non_integers_are_refused() -> None:
+    """JSON Schema (and so the OpenAPI document and its fuzzers) counts 5.0 as an integer."""
+    decided = chat({"max_tokens": 5.0, "top_k": 3.0, "n": 2.0, "seed": 7.0})
+    assert (decided.sampling.max_tokens, decided.sampling.top_k, decided.sampling.n, decided.sampling.seed) \
+        == (5, 3, 2, 7)
+    assert type(decided.sampling.max_tokens) is int
+    for bad in ({"max_tokens": 5.5}, {"max_tokens": "5"}, {"max_tokens": True}, {"seed": 1e30}):
+        with pytest.raises(InvalidRequest) as e:
+            chat(bad)
+        assert e.value.param == next(iter(bad))
