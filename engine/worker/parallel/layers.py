@@ -10,7 +10,7 @@
 
 The layer code itself is unchanged: a DecoderLayer built from the rank's narrower LlamaShape
 (fewer heads, a narrower MLP, a vocabulary slice) computes exactly its share, and the
-collectives wrap its outputs. A failed collective means a rank is gone: EngineStateLost.
+collectives (engine/worker/parallel/group.py) wrap its outputs.
 This module knows nothing about processes, scheduling or how the weights were sliced.
 """
 
@@ -19,69 +19,52 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from engine.step_failures import EngineStateLost
 from engine.worker.models.llama import LlamaModel, LlamaShape
+from engine.worker.parallel.group import RankGroup
 from engine.worker.parallel.partition import ShardPlan
-
-
-def all_reduce(x: torch.Tensor) -> torch.Tensor:
-    """Sum `x` over the ranks, in place."""
-    try:
-        dist.all_reduce(x)
-    except RuntimeError as e:  # gloo: a peer closed its connection or timed out
-        raise EngineStateLost(f"tensor-parallel all_reduce failed (a rank is gone?): {e}") from e
-    return x
 
 
 class RowParallelOutput(nn.Module):
     """Wraps a module whose output is a partial sum (row-parallel o_proj / down_proj) and reduces it."""
 
-    def __init__(self, inner: nn.Module) -> None:
+    def __init__(self, inner: nn.Module, group: RankGroup) -> None:
         super().__init__()
-        self.inner = inner
+        self.inner, self.group = inner, group
 
     def pack_weights(self) -> None:
         self.inner.pack_weights()  # type: ignore[operator]
 
     def forward(self, *args: Any) -> torch.Tensor:
-        return all_reduce(self.inner(*args))
+        return self.group.all_reduce(self.inner(*args))
 
 
 class ParallelLlama(LlamaModel):
-    def __init__(self, local_shape: LlamaShape, dtype: torch.dtype, max_position: int, plan: ShardPlan) -> None:
+    def __init__(
+        self, local_shape: LlamaShape, dtype: torch.dtype, max_position: int, plan: ShardPlan, group: RankGroup
+    ) -> None:
         """`local_shape`: this rank's widths (heads, intermediate, vocabulary slice) of the full model."""
         super().__init__(local_shape, dtype, max_position)
-        self.plan = plan
+        self.plan, self.group = plan, group
         for layer in self.layers:
-            layer.attn = RowParallelOutput(layer.attn)
-            layer.mlp = RowParallelOutput(layer.mlp)
+            layer.attn = RowParallelOutput(layer.attn, group)
+            layer.mlp = RowParallelOutput(layer.mlp, group)
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:  # (T,) -> (T, H)
         start, stop = self.plan.vocab
         mine = (input_ids >= start) & (input_ids < stop)
         local = torch.where(mine, input_ids - start, 0)
         h = F.embedding(local, self.embed) * mine.unsqueeze(1).to(self.embed.dtype)
-        return all_reduce(h)
+        return self.group.all_reduce(h)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # (N, H) -> (N, V) on rank 0, else None
         local = super().compute_logits(hidden)  # (N, this rank's vocabulary slice) float32
         pad = self.plan.vocab_slice - local.shape[1]
         if pad:
             local = F.pad(local, (0, pad), value=float("-inf"))
-        if self.plan.rank != 0:
-            self._gather(local, None)
+        parts = self.group.gather(local)
+        if parts is None:
             return None  # type: ignore[return-value]
-        parts = [torch.empty_like(local) for _ in range(self.plan.world_size)]
-        self._gather(local, parts)
         return torch.cat(parts, dim=1)[:, : self.plan.vocab_total]
-
-    @staticmethod
-    def _gather(local: torch.Tensor, parts: list[torch.Tensor] | None) -> None:
-        try:
-            dist.gather(local.contiguous(), parts, dst=0)
-        except RuntimeError as e:
-            raise EngineStateLost(f"tensor-parallel gather of the logits failed (a rank is gone?): {e}") from e

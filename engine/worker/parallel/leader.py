@@ -35,7 +35,7 @@ from engine.outputs import SchedulerOutput
 from engine.step_failures import EngineStateLost
 from engine.worker.kv_cache import CacheLayout
 from engine.worker.models.llama import LlamaModel, LlamaShape
-from engine.worker.parallel.group import join_group, leave_group, ready_barrier, set_threads, threads_per_rank
+from engine.worker.parallel.group import RankGroup, threads_per_rank
 from engine.worker.parallel.partition import check_tensor_parallel, plan_shards
 from engine.worker.parallel.sharding import shard_model
 from engine.worker.parallel.step_message import StepMessage
@@ -70,33 +70,37 @@ class TensorParallelLeader:
         check_tensor_parallel(shape, world, config.model.device)
         self.plan = plan_shards(shape, world, 0)
         threads = threads_per_rank(torch.get_num_threads(), world)
-        set_threads(threads)
+        torch.set_num_threads(threads)
         self._dir = Path(tempfile.mkdtemp(prefix="pageserve-tp-"))
-        init_method = f"file://{self._dir / 'rendezvous'}"
+        store_path = str(self._dir / "rendezvous")
         self.workers: list[subprocess.Popen[bytes]] = []
         self._pipes: list[Connection] = []
         for rank in range(1, world):
-            proc, pipe = spawn_worker(WorkerSpec(config, rank, init_method, threads))
+            proc, pipe = spawn_worker(WorkerSpec(config, rank, store_path, threads))
             self.workers.append(proc)
             self._pipes.append(pipe)
         self._closed = False
+        self.group: RankGroup | None = None
         atexit.register(self.close)
         log.info("tensor parallel: %d ranks, %d threads each; rank 0 holds KV heads %s, query heads %s",
                  world, threads, self.plan.kv_heads, self.plan.q_heads)
         try:
-            join_group(init_method, 0, world)
+            self.group = RankGroup(store_path, 0, world)
         except BaseException:
             self.close()
             raise
 
     def shard(self, full: LlamaModel) -> LlamaModel:
-        return shard_model(full, self.plan)
+        assert self.group is not None
+        return shard_model(full, self.plan, self.group)
 
     def local_layout(self, layout: CacheLayout) -> CacheLayout:
         return local_layout(layout, self.plan)
 
     def ready(self) -> None:
-        ready_barrier()
+        """Rank 0 has loaded: wait until every rank has (a rank that failed to start fails this)."""
+        assert self.group is not None
+        self.group.barrier()
 
     @property
     def worker_pids(self) -> list[int]:
@@ -128,6 +132,7 @@ class TensorParallelLeader:
                 log.warning("tensor-parallel worker %d did not stop: killing it", proc.pid)
                 proc.kill()
                 proc.wait(JOIN_TIMEOUT_S)
-        leave_group()
+        if self.group is not None:
+            self.group.close()
         shutil.rmtree(self._dir, ignore_errors=True)
         atexit.unregister(self.close)

@@ -20,17 +20,18 @@ import torch
 from engine.worker.layers.attention import Attention
 from engine.worker.layers.mlp import GatedMLP
 from engine.worker.models.llama import LlamaModel
+from engine.worker.parallel.group import RankGroup
 from engine.worker.parallel.layers import ParallelLlama
 from engine.worker.parallel.partition import ShardPlan
 
 
-def shard_model(full: LlamaModel, plan: ShardPlan) -> ParallelLlama:
+def shard_model(full: LlamaModel, plan: ShardPlan, group: RankGroup) -> ParallelLlama:
     s = full.shape
     local_shape = dataclasses.replace(
         s, num_heads=plan.num_q_heads, num_kv_heads=plan.num_kv_heads,
         intermediate_size=plan.intermediate_size, vocab_size=plan.vocab_size,
     )
-    shard = ParallelLlama(local_shape, full.dtype, full.rotary.max_position, plan)
+    shard = ParallelLlama(local_shape, full.dtype, full.rotary.max_position, plan, group)
     shard.rotary = full.rotary
     with torch.no_grad():
         shard.embed.data = full.embed.data[plan.vocab[0]: plan.vocab[1]].clone()

@@ -27,7 +27,7 @@ from engine.worker.kv_cache import CacheLayout, KVCache
 from engine.worker.model_loader import DTYPES, load_model
 from engine.worker.model_runner import ModelRunner
 from engine.worker.models.llama import LlamaShape
-from engine.worker.parallel.group import join_group, leave_group, ready_barrier, set_threads
+from engine.worker.parallel.group import RankGroup
 from engine.worker.parallel.partition import ShardPlan, plan_shards
 from engine.worker.parallel.sharding import shard_model
 from engine.worker.parallel.step_message import StepMessage
@@ -42,13 +42,14 @@ log = logging.getLogger("pageserve.engine.tp")
 class WorkerSpec:
     config: EngineConfig
     rank: int
-    init_method: str
+    store_path: str
+    """The gloo group's rendezvous file (engine/worker/parallel/group.py)."""
     threads: int
 
 
-def build_rank_runner(config: EngineConfig, plan: ShardPlan) -> ModelRunner:
+def build_rank_runner(config: EngineConfig, plan: ShardPlan, group: RankGroup) -> ModelRunner:
     """This rank's shard, KV pool and runner (rank 0's EngineCore builds its own the same way)."""
-    loaded = load_model(config.model, shard=lambda full: shard_model(full, plan))
+    loaded = load_model(config.model, shard=lambda full: shard_model(full, plan, group))
     layout = local_layout(CacheLayout.from_budget(config.cache, loaded.shape, DTYPES[loaded.dtype]), plan)
     backend = select_backend(config.attention_backend, config.model.device)
     kv_cache = KVCache(layout, config.model.device, backend.copy_blocks)
@@ -95,17 +96,17 @@ def worker_main(conn: Connection) -> None:
     """The process: the spec is the pipe's first message."""
     spec: WorkerSpec = pickle.loads(conn.recv_bytes())
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s tp-rank{spec.rank}: %(message)s")
-    set_threads(spec.threads)
+    torch.set_num_threads(spec.threads)
     world = spec.config.tensor_parallel_size
-    join_group(spec.init_method, spec.rank, world)
+    group = RankGroup(spec.store_path, spec.rank, world)
     try:
         shape = LlamaShape.from_hf_config(resolve_model(spec.config.model.model).config)
-        runner = build_rank_runner(spec.config, plan_shards(shape, world, spec.rank))
-        ready_barrier()
+        runner = build_rank_runner(spec.config, plan_shards(shape, world, spec.rank), group)
+        group.barrier()  # loaded: rank 0 starts serving once every rank has
         serve_steps(runner, conn)
     finally:
         conn.close()
-        leave_group()
+        group.close()
 
 
 if __name__ == "__main__":
