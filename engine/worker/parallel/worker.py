@@ -5,15 +5,19 @@
          recv StepMessage (a pipe from rank 0) -> block moves -> forward (all_reduces) -> logits (gather)
 
 The worker never samples and never sees text. It exits when rank 0 says so (None), when the
-pipe closes (rank 0 ended, or died: the kernel closes its end), or when a collective fails.
+pipe closes (rank 0 ended, or died: the kernel closes its end), when a collective fails, or
+(while it is still starting) when it sees it has a new parent.
 A step that fails here the same way as on rank 0 (bad inputs) is logged and the loop goes on.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import pickle
 import sys
+import threading
+import time
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 
@@ -92,8 +96,22 @@ def serve_steps(runner: ModelRunner, conn: Connection) -> None:
             log.exception("tensor-parallel step failed on this rank")
 
 
+def exit_with_parent(poll_s: float = 0.5) -> None:
+    """Exit as soon as rank 0 is gone, even while still joining or loading (the pipe is read only
+    between steps): a worker is never left behind."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="tp-parent-watch", daemon=True).start()
+
+
 def worker_main(conn: Connection) -> None:
     """The process: the spec is the pipe's first message."""
+    exit_with_parent()
     spec: WorkerSpec = pickle.loads(conn.recv_bytes())
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s tp-rank{spec.rank}: %(message)s")
     torch.set_num_threads(spec.threads)

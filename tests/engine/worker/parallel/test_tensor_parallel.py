@@ -148,3 +148,19 @@ def test_workers_exit_when_rank_0_is_killed(uneven_model: Path) -> None:
     finally:
         rank0.kill()
         rank0.wait(10)
+
+
+def test_default_model_greedy_tokens_equal_size_one() -> None:
+    """SmolLM2-135M: 9 query heads over 3 KV heads, split 6 + 3 on two ranks."""
+    prompts = ["The capital of France is", "def fibonacci(n):", "Once upon a time,", "Water boils at"]
+    params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
+    threads = torch.get_num_threads()
+    sched = SchedulerConfig(max_num_batched_tokens=256, max_num_seqs=8)
+    two = LLM("smollm2", "float32", num_device_blocks=32, scheduler=sched, tensor_parallel_size=2)
+    try:
+        got = [r.token_ids for r in two.generate(prompts, params)]
+    finally:
+        two.close()
+        torch.set_num_threads(threads)
+    one = LLM("smollm2", "float32", num_device_blocks=32, scheduler=sched)
+    assert got == [r.token_ids for r in one.generate(prompts, params)]
