@@ -4,7 +4,8 @@
       ├─ model: ModelConfig          which weights, which dtype, how long a sequence may be
       ├─ cache: CacheConfig          KV block size and the memory budgets of both pools
       ├─ scheduler: SchedulerConfig  (engine/scheduling/config.py, the scheduler's own knobs)
-      └─ attention_backend           "auto" | "torch" | "triton"
+      ├─ attention_backend           "auto" | "torch" | "triton"
+      └─ tensor_parallel_size        ranks holding a shard of every layer (engine/worker/parallel/)
 
 Nothing here is ever written after construction. What start-up derives from
 these values (how many KV blocks fit in the budget, the model's real context
@@ -91,7 +92,11 @@ class EngineConfig:
     default_sampling: str | None = None
     """--default-sampling: a JSON object overriding the model's sampling defaults key by key
     (engine/worker/sampling_defaults.py); None: the model's own."""
+    tensor_parallel_size: int = 1
+    """Processes that each hold a shard of every layer (gloo on the CPU); 1: today's single process."""
 
     def __post_init__(self) -> None:
         if self.attention_backend not in BACKENDS:
             raise ConfigError(f"attention_backend must be one of {BACKENDS}, not {self.attention_backend!r}")
+        if self.tensor_parallel_size < 1:
+            raise ConfigError(f"--tensor-parallel-size must be at least 1, not {self.tensor_parallel_size}")

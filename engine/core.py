@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from engine.config import EngineConfig
 from engine.outputs import RequestDelta
@@ -34,14 +35,36 @@ from engine.worker.sampler import Sampler
 from engine.worker.sampling_defaults import resolve_sampling_defaults
 from engine.worker.structured_outputs import StructuredOutputs
 from pageserve_kernels.attention_launch import KernelVariant
+
+if TYPE_CHECKING:
+    from engine.worker.parallel.leader import TensorParallelLeader
 from pageserve_kernels.dispatch import select_backend
 from shared.model_info import ModelInfo, SamplingDefault
+
+
+def start_tensor_parallel(config: EngineConfig) -> TensorParallelLeader | None:
+    """Spawn and join the other ranks (size > 1); the parallel code loads only then."""
+    if config.tensor_parallel_size == 1:
+        return None
+    from engine.worker.parallel.leader import TensorParallelLeader
+
+    return TensorParallelLeader(config)
 
 
 class EngineCore:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        loaded = load_model(config.model)
+        self.parallel = start_tensor_parallel(config)
+        """Rank 0's handle on the other ranks (None at size 1: no process, no collective)."""
+        try:
+            self._build(config)
+        except BaseException:
+            self.close()
+            raise
+
+    def _build(self, config: EngineConfig) -> None:
+        parallel = self.parallel
+        loaded = load_model(config.model, shard=parallel.shard if parallel else None)
         dtype = DTYPES[loaded.dtype]
         layout = CacheLayout.from_budget(config.cache, loaded.shape, dtype)
         # The context is the smallest of the model's positions, the model flag, and the scheduler's.
@@ -55,9 +78,13 @@ class EngineCore:
             vocab_size=loaded.shape.vocab_size,
         )
         backend = select_backend(config.attention_backend, config.model.device)  # the one choice
-        self.kv_cache = KVCache(layout, config.model.device, backend.copy_blocks)
+        self.kv_cache = KVCache(parallel.local_layout(layout) if parallel else layout, config.model.device,
+                                backend.copy_blocks)
         self.structured = StructuredOutputs(loaded.path, loaded.shape.vocab_size, loaded.eos_token_id)
         self.runner = ModelRunner(loaded.model, self.kv_cache, Sampler(config.seed), backend, self.structured)
+        if parallel is not None:
+            parallel.ready()
+            self.runner.before_step = parallel.send_step
         self.kernel_variants: list[KernelVariant] = []
         """The Triton variants compiled at start-up (empty on the torch backend)."""
         if backend.name == "triton":
@@ -83,6 +110,11 @@ class EngineCore:
         """The HF folder (`LLM` and the benchmarks load the tokenizer from it); engine-local, never sent."""
         self.dtype: str = loaded.dtype
         """The dtype it runs in ("auto" resolved)."""
+
+    def close(self) -> None:
+        """Stop the tensor-parallel workers (also done at exit); nothing to do at size 1."""
+        if self.parallel is not None:
+            self.parallel.close()
 
     def add_request(self, request: Request) -> None:
         """Queue a request (raises RequestRejected when it could never run)."""

@@ -75,10 +75,12 @@ class LLM:
         seed: int = 0,
         device: str = "cpu",
         enforce_eager: bool = False,
+        tensor_parallel_size: int = 1,
     ) -> None:
         """`device`: where the weights and the KV cache live ("cpu", "cuda", "cuda:1"); "auto"
         attention then picks the Triton kernels on CUDA and the CPU kernels elsewhere.
-        `enforce_eager`: no CUDA graphs for decode steps (engine/worker/decode_graphs.py)."""
+        `enforce_eager`: no CUDA graphs for decode steps (engine/worker/decode_graphs.py).
+        `tensor_parallel_size`: processes sharing every layer (engine/worker/parallel/); `close()` stops them."""
         cache_args: dict[str, Any] = {"block_size": block_size}
         if kv_cache_memory is not None:
             cache_args["kv_cache_memory"] = kv_cache_memory
@@ -90,10 +92,15 @@ class LLM:
             attention_backend=attention_backend,
             seed=seed,
             enforce_eager=enforce_eager,
+            tensor_parallel_size=tensor_parallel_size,
         )
         self.core = EngineCore(config)
         self._tokenizer: Any = None
         self._counter = 0
+
+    def close(self) -> None:
+        """Stop the tensor-parallel workers now (they also stop when this process exits)."""
+        self.core.close()
 
     @property
     def model_info(self) -> ModelInfo:

@@ -61,6 +61,8 @@ class LaunchConfig:
     """An engine already running there is used; None: start one."""
     engine_args: tuple[str, ...] = ()
     """Extra flags passed to `pageserve engine` as is."""
+    tensor_parallel_size: int = 1
+    """Passed to each engine as --tensor-parallel-size (1: the flag is left out)."""
     tenant: str = "demo"
     redis_prefix: str = "ps"
 
@@ -194,12 +196,19 @@ def parse_args(argv: list[str]) -> LaunchConfig:
                    help="use the engine already listening at this ZeroMQ address instead of starting one")
     p.add_argument("--engine-args", default="", help="extra flags for `pageserve engine`, as one string")
     p.add_argument("--tenant", default="demo", help="the demo tenant that gets a fresh key")
+    p.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
+                   help="each engine runs as N processes sharing every layer (pageserve engine's flag)")
     a = p.parse_args(argv)
     if a.engines < 1:
         p.error("--engines must be at least 1")
     return LaunchConfig(model=a.model, host=a.host, port=a.port, redis_url=a.redis_url,
                         engine_port=a.engine_port, engines=a.engines, engine_address=a.engine, engine_args=tuple(shlex.split(a.engine_args)),
-                        tenant=a.tenant)
+                        tenant=a.tenant, tensor_parallel_size=a.tensor_parallel_size)
+
+
+def engine_command(cli: list[str], config: LaunchConfig, address: str) -> list[str]:
+    tp = ["--tensor-parallel-size", str(config.tensor_parallel_size)] if config.tensor_parallel_size != 1 else []
+    return [*cli, "engine", "--model", config.model, "--listen", address, *tp, *config.engine_args]
 
 
 def main(argv: list[str]) -> int:
@@ -235,8 +244,7 @@ def _run(config: LaunchConfig, children: list[Child], stopping: Callable[[], boo
         addresses = engine_addresses(config)
         for i, address in enumerate(addresses):
             name = "engine" if len(addresses) == 1 else f"engine-{i}"
-            children.append(_spawn(name, [*cli, "engine", "--model", config.model, "--listen", address,
-                                          *config.engine_args]))
+            children.append(_spawn(name, engine_command(cli, config, address)))
         engine_address = ",".join(addresses)
     gateway_argv, gateway_env = gateway_command(cli, config, engine_address, redis_url)
     children.append(_spawn("gateway", gateway_argv, env=gateway_env))

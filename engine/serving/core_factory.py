@@ -37,7 +37,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         max_prefill_tokens_while_decoding=args.max_prefill_while_decoding,
     )  # max_model_len: EngineCore derives the scheduler's from the model's and --max-model-len
     return EngineConfig(model=model, cache=cache, scheduler=scheduler, attention_backend=args.attention_backend,
-                        default_sampling=getattr(args, "default_sampling", None))
+                        default_sampling=getattr(args, "default_sampling", None),
+                        tensor_parallel_size=getattr(args, "tensor_parallel_size", 1))
 
 
 def build_core(args: argparse.Namespace) -> EngineCore:

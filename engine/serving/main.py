@@ -55,7 +55,11 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     p.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"],
                    help="attention kernels: Triton on a GPU, our C/torch path on a CPU (auto picks)")
     p.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:1 ...")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads (default: torch's choice); with tensor parallelism, shared by the ranks")
+    p.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
+                   help="processes that each hold a shard of every layer (CPU, torch.distributed gloo); "
+                        "at most the model's KV heads")
     p.add_argument("--shutdown-grace", type=float, default=5.0, help="seconds in-flight requests get on SIGTERM")
     p.add_argument("--request-deadline", type=float, default=None,
                    help="seconds a request may stay in flight before it is aborted (request_deadline_s; default: none)")

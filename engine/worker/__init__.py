@@ -7,4 +7,6 @@
     model_loader.py     weights from a Hugging Face folder (safetensors) into our LlamaModel
     models/llama.py     the Llama forward pass, top to bottom with shape comments; owns its cost arithmetic
     layers/             attention (paged, through pageserve_kernels), linear, MLP, norm, rotary
+    parallel/           tensor parallelism (--tensor-parallel-size): the split, sharded weights, parallel
+                        layers, the gloo group, rank 0's leader and the worker processes
 """

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,7 +53,9 @@ def resolve_dtype(dtype: str, device: str) -> str:
     return "bfloat16" if torch.device(device).type != "cpu" or has_bf16_hardware() else "float32"
 
 
-def load_model(config: ModelConfig) -> LoadedModel:
+def load_model(config: ModelConfig, shard: Callable[[LlamaModel], LlamaModel] | None = None) -> LoadedModel:
+    """`shard`: turns the loaded full model into one tensor-parallel rank's (engine/worker/parallel/),
+    before the device move and the packing; `LoadedModel.shape` stays the full model's."""
     files = resolve_model(config.model)
     shape = LlamaShape.from_hf_config(files.config)
     max_len = min(config.max_model_len or shape.max_position_embeddings, shape.max_position_embeddings)
@@ -64,6 +67,8 @@ def load_model(config: ModelConfig) -> LoadedModel:
                     dtype_name)
     model = LlamaModel(shape, dtype, max_len)
     _load_weights(model, shape, files, dtype)
+    if shard is not None:
+        model = shard(model)
     model.to(config.device)
     model.rotary.cos = model.rotary.cos.to(config.device)
     model.rotary.sin_signed = model.rotary.sin_signed.to(config.device)

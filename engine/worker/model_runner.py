@@ -12,6 +12,8 @@ sees text.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from engine.outputs import RunnerOutput, SchedulerOutput
@@ -55,8 +57,12 @@ class ModelRunner:
         self.attention = make_attention(attention_backend, self.device, kv_cache.layout.dtype)
         self.decode_graphs: DecodeGraphs | None = None
         """Recorded decode forwards (CUDA only; EngineCore captures them at start-up)."""
+        self.before_step: Callable[[SchedulerOutput], None] | None = None
+        """Tensor parallelism: sends the step to the other ranks first (engine/worker/parallel/leader.py)."""
 
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
+        if self.before_step is not None:
+            self.before_step(out)
         self.sampler.forget(out.finished_request_ids)
         if self.structured is not None:
             self.structured.forget(out.finished_request_ids)

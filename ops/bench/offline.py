@@ -140,6 +140,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--kv-cache-gib", type=float, default=2.0)
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
+                   help="the engine as N processes sharing every layer (gloo); the threads are split between them")
     p.add_argument("--profile", action="store_true",
                    help="after the timed run, run the workload again under cProfile and print where a step's time goes")
     p.add_argument("--json", metavar="PATH", help="write the results as JSON")
@@ -160,6 +162,7 @@ def _engine_config(args: argparse.Namespace, prefix_caching: bool) -> EngineConf
         cache=CacheConfig(block_size=args.block_size, kv_cache_memory=int(args.kv_cache_gib * GiB), swap_space=0),
         scheduler=SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                                   enable_prefix_caching=prefix_caching),
+        tensor_parallel_size=args.tensor_parallel_size,
     )
 
 
@@ -179,6 +182,8 @@ def main(argv: list[str]) -> int:
     results: dict[str, Any] = {"dtype": args.dtype, "threads": torch.get_num_threads(), "engine": {}}
     core = w = None
     for caching in settings:
+        if core is not None:
+            core.close()  # its tensor-parallel workers, if any
         core = None  # the previous core's KV pool goes before the next one is allocated
         core = EngineCore(_engine_config(args, caching))
         w = _workload(args, core.model_info.vocab_size)
@@ -188,7 +193,8 @@ def main(argv: list[str]) -> int:
                   f"{torch.get_num_threads()} threads")
         run_engine(core, make_workload(2, (8, 8), (4, 4), core.model_info.vocab_size, seed=1))  # warm-up
         eng = run_engine(core, w)
-        name = f"pageserve engine{' +prefix cache' if caching else ''}"
+        tp = f" TP={args.tensor_parallel_size}" if args.tensor_parallel_size > 1 else ""
+        name = f"pageserve engine{tp}{' +prefix cache' if caching else ''}"
         print(f"  {name}: {eng.seconds:.1f}s, {eng.tok_s:.1f} output tok/s, {eng.steps} steps", flush=True)
         rows.append(PeerResult(name, eng.seconds, eng.output_tokens, prefix_caching=caching))
         results["engine"]["prefix_caching_on" if caching else "prefix_caching_off"] = {**asdict(eng), "tok_s": eng.tok_s}

@@ -135,11 +135,15 @@ class LlamaModel(nn.Module):
         meta: AttentionMetadata,
         paged_attention: PagedAttentionOp,
     ) -> torch.Tensor:  # (T, H), before the final norm
-        h, residual = F.embedding(input_ids, self.embed), None  # (T, H)
+        h, residual = self.embed_tokens(input_ids), None  # (T, H)
         cos, sin_signed = self.rotary.lookup(positions)  # (T, 1, hd) each, shared by every layer
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             h, residual = layer(h, residual, cos, sin_signed, kv_cache, meta, paged_attention)
         return h if residual is None else residual + h
+
+    def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:  # (T,) -> (T, H)
+        """The embedding lookup (a tensor-parallel model overrides it: engine/worker/parallel/layers.py)."""
+        return F.embedding(input_ids, self.embed)
 
     def pack_weights(self) -> None:
         """Prepack every projection once the weights are loaded and moved (engine/worker/layers/linear.py).

@@ -62,3 +62,9 @@ def test_defaults_match_the_scheduler_config_defaults() -> None:
     s, d = engine_config(build_parser().parse_args([])).scheduler, SchedulerConfig()
     assert (s.policy, s.preemption_mode, s.preemption_priority_gap, s.aging_rate) == (
         d.policy, d.preemption_mode, d.preemption_priority_gap, d.aging_rate)
+
+
+def test_tensor_parallel_size_flag_defaults_to_one() -> None:
+    assert engine_config(build_parser().parse_args([])).tensor_parallel_size == 1
+    args = build_parser().parse_args(["--tensor-parallel-size", "2"])
+    assert engine_config(args).tensor_parallel_size == 2

@@ -1,0 +1,67 @@
+"""Slices a loaded full LlamaModel into one rank's ParallelLlama (before packing and the device move).
+
+    qkv_weight   rows [q | k | v] -> [q of this rank's query heads | k, v of its KV heads]   (column-parallel)
+    o_weight     the columns of this rank's query heads                                    (row-parallel)
+    gate_up      rows [gate | up] -> [gate, up of this rank's intermediate columns]          (column-parallel)
+    down_weight  the same intermediate columns                                              (row-parallel)
+    embed        this rank's vocabulary rows; lm_head the same rows (a tied model keeps one matrix)
+    norms, rotary: replicated
+
+Copies (`.clone()`), so the full model is freed once the shard is built. Knows the
+weight layout of engine/worker/models/llama.py, nothing about processes or collectives.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from engine.worker.layers.attention import Attention
+from engine.worker.layers.mlp import GatedMLP
+from engine.worker.models.llama import LlamaModel
+from engine.worker.parallel.group import RankGroup
+from engine.worker.parallel.layers import ParallelLlama
+from engine.worker.parallel.partition import ShardPlan
+
+
+def shard_model(full: LlamaModel, plan: ShardPlan, group: RankGroup) -> ParallelLlama:
+    s = full.shape
+    local_shape = dataclasses.replace(
+        s, num_heads=plan.num_q_heads, num_kv_heads=plan.num_kv_heads,
+        intermediate_size=plan.intermediate_size, vocab_size=plan.vocab_size,
+    )
+    shard = ParallelLlama(local_shape, full.dtype, full.rotary.max_position, plan, group)
+    shard.rotary = full.rotary
+    with torch.no_grad():
+        shard.embed.data = full.embed.data[plan.vocab[0]: plan.vocab[1]].clone()
+        if full.lm_head is full.embed:
+            shard.lm_head = shard.embed  # tied: one matrix, two uses, as in the full model
+        else:
+            shard.lm_head.data = full.lm_head.data[plan.vocab[0]: plan.vocab[1]].clone()
+        shard.norm.weight.data = full.norm.weight.data.clone()
+        for mine, theirs in zip(shard.layers, full.layers, strict=True):
+            mine.input_norm.weight.data = theirs.input_norm.weight.data.clone()
+            mine.post_attn_norm.weight.data = theirs.post_attn_norm.weight.data.clone()
+            _shard_attention(mine.attn.inner, theirs.attn, plan)
+            _shard_mlp(mine.mlp.inner, theirs.mlp, plan)
+    return shard
+
+
+def _shard_attention(mine: Attention, full: Attention, plan: ShardPlan) -> None:
+    hd = full.head_dim
+    q_rows = slice(plan.q_heads[0] * hd, plan.q_heads[1] * hd)
+    k_rows = slice(full.q_size + plan.kv_heads[0] * hd, full.q_size + plan.kv_heads[1] * hd)
+    v_rows = slice(full.q_size + full.kv_size + plan.kv_heads[0] * hd, full.q_size + full.kv_size + plan.kv_heads[1] * hd)
+    mine.qkv_weight.data = torch.cat([full.qkv_weight.data[r] for r in (q_rows, k_rows, v_rows)]).contiguous()
+    if full.qkv_bias is not None:
+        mine.qkv_bias.data = torch.cat([full.qkv_bias.data[r] for r in (q_rows, k_rows, v_rows)]).contiguous()
+    mine.o_weight.data = full.o_weight.data[:, q_rows].contiguous()
+
+
+def _shard_mlp(mine: GatedMLP, full: GatedMLP, plan: ShardPlan) -> None:
+    size = full.intermediate_size
+    cols = slice(*plan.intermediate)
+    up = slice(size + plan.intermediate[0], size + plan.intermediate[1])
+    mine.gate_up_weight.data = torch.cat([full.gate_up_weight.data[cols], full.gate_up_weight.data[up]]).contiguous()
+    mine.down_weight.data = full.down_weight.data[:, cols].contiguous()
