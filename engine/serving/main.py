@@ -8,11 +8,12 @@ is known to be free.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import faulthandler
 import logging
 import signal
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 import zmq
 
@@ -114,8 +115,18 @@ def main(argv: list[str]) -> int:
     server = EngineServer(core, core.model_info, ServerConfig(listen=args.listen, shutdown_grace_s=args.shutdown_grace,
                                                    request_deadline_s=args.request_deadline,
                                                    curve_dir=args.curve_dir))
+    faulthandler.register(signal.SIGUSR1)  # `kill -USR1 PID` prints every thread's stack: a slow step shows
+    with announced(args, server.address, core.model_info), stop_signals(server):
+        return server.serve()
+
+
+@contextlib.contextmanager
+def stop_signals(server: EngineServer) -> Iterator[None]:
+    """SIGTERM and SIGINT stop the server gracefully, whichever thread the kernel hands them to."""
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: server.request_stop())
-    faulthandler.register(signal.SIGUSR1)  # `kill -USR1 PID` prints every thread's stack: a slow step shows
-    with announced(args, server.address, core.model_info):  # in Redis for gateways, when --redis-url is given
-        return server.serve()
+    signal.set_wakeup_fd(server.wakeup_fd, warn_on_full_buffer=False)
+    try:
+        yield
+    finally:
+        signal.set_wakeup_fd(-1)

@@ -139,6 +139,13 @@ class EngineServer:
 
     # ----------------------------------------------------------------- lifecycle
 
+    @property
+    def wakeup_fd(self) -> int:
+        """For `signal.set_wakeup_fd` (engine/serving/main.py): a signal wakes the loop's poll whichever
+        thread the kernel delivers it to. Python runs handlers only in the main thread, so a SIGTERM
+        landing on a gloo or OpenMP thread set a flag while the main thread slept in poll(None)."""
+        return self._wake_w.fileno()
+
     def request_stop(self) -> None:
         """Begin a graceful shutdown; safe from a signal handler or another thread."""
         now = time.monotonic()
