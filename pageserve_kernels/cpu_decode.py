@@ -69,11 +69,18 @@ class NativeDecode:
         return tuple(v for v in self.variants
                      if not (v.startswith("avx512") and not wide_ok) and not (v == "avx512_bf16" and dtype != torch.bfloat16))
 
+    def candidates(self, dtype: torch.dtype, head_dim: int) -> tuple[str, ...]:
+        """What `pick` times: the applicable vector variants (a timing on a busy host once put the
+        scalar loops first, at half their speed); the scalar loops where none applies, or when forced."""
+        names = self.applicable(dtype, head_dim)
+        vector = tuple(v for v in names if v != "scalar")
+        return names if not vector or choice.forced("decode_attention") == "scalar" else vector
+
     def pick(self, dtype: torch.dtype, n_q: int, n_kv: int, head_dim: int, block_size: int) -> str:
         """The fastest applicable variant for this shape on this host (timed once, cached on disk)."""
         key = (dtype, n_q, n_kv, head_dim, block_size)
         if key not in self._picks:
-            names = self.applicable(dtype, head_dim)
+            names = self.candidates(dtype, head_dim)
             made = choice.choose(
                 "decode_attention",
                 f"{str(dtype).removeprefix('torch.')} n_q={n_q} n_kv={n_kv} hd={head_dim} block={block_size}",
