@@ -2,14 +2,16 @@
 
     reference.py        slow, obviously correct PyTorch: the definition every path is tested against
     cpu_attention.py    the fast CPU path (the engine's CPU backend): plans a step, calls the C kernels or SDPA
-    cpu_decode.py       C: decode attention over the paged cache, float32 and bfloat16
+    cpu_decode.py       C: decode attention over the paged cache, float32 and bfloat16 (scalar, AVX2, AVX-512,
+                        AVX512-BF16 loops; the fastest this host runs picked by choice.py)
     cpu_prefill.py      C: causal attention of every prompt chunk of a step over the paged cache, float32
     cpu_gemm.py         C: float32 products over prepacked 16-column weight panels (every projection)
     cpu_fused.py        C: add + RMSNorm, SiLU-and-mul, rotary, argmax for the float32 CPU forward pass
     cpu_fused_bf16.py   C (omp simd, vectorised for the host): add + RMSNorm, SiLU-and-mul, rotary in bfloat16
     choice.py           times candidate implementations once per host, caches and logs the fastest
     fused_choice.py     C kernel or PyTorch for each fused op, dtype and width, by choice.py
-    csrc/               the C sources of those kernels (package data; exp8_avx2.h shared by both attentions)
+    csrc/               the C sources of those kernels (package data; exp8_avx2.h shared by both attentions,
+                        decode_avx512.h the decode kernel's AVX-512 loops)
     native_build.py     compiles and caches the C kernels; PAGESERVE_NATIVE_KERNELS=0 turns them off
     cpu_features.py     what this CPU computes natively (AVX2, FMA, AVX512-BF16, AMX) from /proc/cpuinfo
     fused_ops.py        those ops for the layers: the C kernel where it applies, else the PyTorch reference

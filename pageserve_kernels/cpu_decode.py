@@ -12,12 +12,18 @@ each request's block table and reads K and V in place, float32 and bfloat16.
     p = softmax(scores[g, :seq_len])            (max-subtracted, in float32)
     out[g] = sum_s p[g, s] * V[table[s // bs], s % bs, h]
 
-Reading a block's heads together streams one contiguous run per block. With
-AVX2+FMA the dot products take eight tokens at a time (eight independent FMA
-chains, one horizontal-sum shuffle for all eight), the weighted sum keeps 64
-output columns in registers across a block, and exp is vectorised; other CPUs
-and head sizes not a multiple of 8 take the scalar loops, which are the spec.
-Memory-bound once contexts leave the caches: ~2x the previous one-token-at-a-time loop.
+Reading a block's heads together streams one contiguous run per block. The loops come in
+variants (`VARIANTS`), each compiled in where the host has its instructions:
+  scalar       plain C: the specification the others are tested against
+  avx2         eight tokens at a time (eight FMA chains, one horizontal-sum shuffle for all
+               eight), 64 output columns in registers across a block, vectorised exp
+  avx512       sixteen tokens at a time and one reduction tree for their sixteen scores;
+               bfloat16 K widened by a shift and an and, each V row widened once for
+               the whole GQA group (head sizes that are multiples of 32)
+  avx512_bf16  as avx512, the bfloat16 scores by AVX512-BF16's dot-product instruction
+The variant is chosen once per dtype and shape by timing the ones that apply
+(pageserve_kernels/choice.py: cached per host; PAGESERVE_KERNEL_CHOICE=decode_attention=avx2
+forces one).
 
 The source (pageserve_kernels/csrc/paged_decode.c) is compiled on first use (pageserve_kernels/native_build.py); without a
 compiler, or with PAGESERVE_NATIVE_KERNELS=0, `load()` returns None and callers
@@ -28,12 +34,15 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from collections.abc import Callable
 
 import torch
 
-from pageserve_kernels import native_build
+from pageserve_kernels import choice, native_build
 
 SUPPORTED = (torch.float32, torch.bfloat16)
+VARIANTS = ("scalar", "avx2", "avx512", "avx512_bf16")  # the C enum's order
+TIMING_REQUESTS, TIMING_CONTEXT = 32, 384  # the batch the variants are timed on (a busy serving step)
 
 
 
@@ -42,12 +51,42 @@ class NativeDecode:
 
     def __init__(self, lib: ctypes.CDLL) -> None:
         p, i = ctypes.c_void_p, ctypes.c_int64
-        argtypes = [p, p, p, p, p, p, i, p, i, i, i, i, i, ctypes.c_float, i, ctypes.c_int, i]
+        argtypes = [p, p, p, p, p, p, i, p, i, i, i, i, i, ctypes.c_float, i, ctypes.c_int, i, ctypes.c_int]
         self._fns = {}
         for dtype, name in ((torch.float32, "paged_decode_f32"), (torch.bfloat16, "paged_decode_bf16")):
             fn = getattr(lib, name)
             fn.restype, fn.argtypes = None, argtypes
             self._fns[dtype] = fn
+        lib.paged_decode_isas.restype, lib.paged_decode_isas.argtypes = ctypes.c_int, []
+        built = lib.paged_decode_isas()
+        self.variants = tuple(v for i, v in enumerate(VARIANTS) if built >> i & 1)
+        """The variants this build has (all of them run on this host)."""
+        self._picks: dict[tuple[object, ...], int] = {}
+
+    def applicable(self, dtype: torch.dtype, head_dim: int) -> tuple[str, ...]:
+        """The built variants that run as themselves for this dtype and head size (others fall back)."""
+        wide_ok = head_dim % 32 == 0
+        return tuple(v for v in self.variants
+                     if not (v.startswith("avx512") and not wide_ok) and not (v == "avx512_bf16" and dtype != torch.bfloat16))
+
+    def candidates(self, dtype: torch.dtype, head_dim: int) -> tuple[str, ...]:
+        """What `pick` times: the applicable vector variants (a timing on a busy host once put the
+        scalar loops first, at half their speed); the scalar loops where none applies, or when forced."""
+        names = self.applicable(dtype, head_dim)
+        vector = tuple(v for v in names if v != "scalar")
+        return names if not vector or choice.forced("decode_attention") == "scalar" else vector
+
+    def pick(self, dtype: torch.dtype, n_q: int, n_kv: int, head_dim: int, block_size: int) -> str:
+        """The fastest applicable variant for this shape on this host (timed once, cached on disk)."""
+        key = (dtype, n_q, n_kv, head_dim, block_size)
+        if key not in self._picks:
+            names = self.candidates(dtype, head_dim)
+            made = choice.choose(
+                "decode_attention",
+                f"{str(dtype).removeprefix('torch.')} n_q={n_q} n_kv={n_kv} hd={head_dim} block={block_size}",
+                names, lambda: _timers(self, names, dtype, n_q, n_kv, head_dim, block_size))
+            self._picks[key] = VARIANTS.index(made.pick)
+        return VARIANTS[self._picks[key]]
 
     def __call__(
         self,
@@ -60,9 +99,15 @@ class NativeDecode:
         seq_lens: torch.Tensor,  # (D,) int64
         max_seq_len: int,
         scale: float,
+        variant: str | None = None,  # None: the picked one
     ) -> None:
         n_q, hd = query.shape[1], query.shape[2]
         bs, n_kv = key_cache.shape[1], key_cache.shape[2]
+        if variant is None:
+            pick = self._picks.get((query.dtype, n_q, n_kv, hd, bs))
+            isa = VARIANTS.index(self.pick(query.dtype, n_q, n_kv, hd, bs)) if pick is None else pick
+        else:
+            isa = VARIANTS.index(variant)
         assert query.dtype == key_cache.dtype == value_cache.dtype == out.dtype and query.dtype in SUPPORTED
         assert query.stride(2) == 1 and query.stride(1) == hd
         assert out.is_contiguous() and key_cache.is_contiguous()
@@ -71,8 +116,28 @@ class NativeDecode:
         self._fns[query.dtype](
             query.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(), out.data_ptr(), rows.data_ptr(),
             block_tables.data_ptr(), block_tables.shape[1], seq_lens.data_ptr(), rows.shape[0], n_q, n_kv, hd, bs,
-            scale, max_seq_len, torch.get_num_threads(), query.stride(0),
+            scale, max_seq_len, torch.get_num_threads(), query.stride(0), isa,
         )
+
+
+def _timers(kernel: NativeDecode, names: tuple[str, ...], dtype: torch.dtype, n_q: int, n_kv: int, head_dim: int,
+            block_size: int) -> dict[str, Callable[[], object]]:
+    """Each variant on a decode batch of TIMING_REQUESTS requests of TIMING_CONTEXT tokens."""
+    blocks = -(-TIMING_CONTEXT // block_size)
+    num_blocks = TIMING_REQUESTS * blocks
+    gen = torch.Generator().manual_seed(0)
+    kc = torch.randn(num_blocks, block_size, n_kv, head_dim, generator=gen).to(dtype)
+    vc = torch.randn(num_blocks, block_size, n_kv, head_dim, generator=gen).to(dtype)
+    query = torch.randn(TIMING_REQUESTS, n_q, head_dim, generator=gen).to(dtype)
+    out = torch.empty_like(query)
+    rows = torch.arange(TIMING_REQUESTS)
+    tables = torch.randperm(num_blocks, generator=gen).view(TIMING_REQUESTS, blocks)
+    lens = torch.full((TIMING_REQUESTS,), TIMING_CONTEXT, dtype=torch.int64)
+
+    def run(name: str) -> Callable[[], object]:
+        return lambda: kernel(out, query, kc, vc, rows, tables, lens, TIMING_CONTEXT, head_dim**-0.5, name)
+
+    return {name: run(name) for name in names}
 
 
 @functools.cache

@@ -1,0 +1,131 @@
+/* The AVX-512 loops of the decode attention kernel (paged_decode.c includes this file; only there).
+
+   Compiled where the host has AVX-512F+BW (the kernels are built with -march=native on the host that
+   runs them): 16 float32 lanes, 32 registers. Scores take 16 tokens at a time, one vector of partial
+   products per token, then one reduction tree turns the 16 vectors into the 16 scores. The
+   bfloat16 products come in two kinds:
+     split   a 32-value K vector is widened into its even and odd halves (a shift, an and) and
+             multiplied in float32 by the query split the same way (the query stays float32)
+     dp      AVX512-BF16's _mm512_dpbf16_ps takes the bfloat16 query and K directly: one
+             instruction for 32 products, float32 accumulation; the scale is applied to the sums
+   The weighted sum over V widens each bfloat16 row once and feeds up to four query heads of the
+   group from it, 64 columns (four registers) at a time. */
+#ifndef PAGESERVE_DECODE_AVX512_H
+#define PAGESERVE_DECODE_AVX512_H
+
+#include <immintrin.h>
+
+/* Sixteen vectors -> one vector whose lane j is the sum of v[j]'s lanes. */
+INLINE __m512 hsum16(const __m512* v) {
+    __m512 a[8], b[4], c[2];
+    for (int j = 0; j < 8; j++)  /* halves of 256 bits: lanes 0-7 from v[2j], 8-15 from v[2j+1] */
+        a[j] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * j], v[2 * j + 1], 0x44),
+                             _mm512_shuffle_f32x4(v[2 * j], v[2 * j + 1], 0xEE));
+    for (int j = 0; j < 4; j++)  /* quarter k: four partial sums of v[4j + k] */
+        b[j] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * j], a[2 * j + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm512_shuffle_f32x4(a[2 * j], a[2 * j + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    for (int j = 0; j < 2; j++)  /* quarter k: two partial sums of v[8j + k], then two of v[8j + 4 + k] */
+        c[j] = _mm512_add_ps(_mm512_shuffle_ps(b[2 * j], b[2 * j + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_ps(b[2 * j], b[2 * j + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    /* lane 4k + m holds the sum of v[k + 4m]: put it back in lane k + 4m */
+    const __m512 d = _mm512_add_ps(_mm512_shuffle_ps(c[0], c[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm512_shuffle_ps(c[0], c[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    const __m512i order = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
+    return _mm512_permutexvar_ps(order, d);
+}
+
+/* Partial products of one query head with one token's K (hd values), summed across chunks only.
+   q: DOT_F32 float32 (scaled); DOT_BF16_SPLIT float32 (scaled), each 32 values stored as 16 even
+   then 16 odd; DOT_BF16_DP the query's own bfloat16 values (unscaled). */
+INLINE __m512 token_dot(const void* q, const void* k, int64_t hd, int mode) {
+    __m512 acc = _mm512_setzero_ps();
+    if (mode == DOT_F32) {
+        for (int64_t d = 0; d < hd; d += 16)
+            acc = _mm512_fmadd_ps(_mm512_loadu_ps((const float*)q + d), _mm512_loadu_ps((const float*)k + d), acc);
+        return acc;
+    }
+    for (int64_t d = 0; d < hd; d += 32) {
+        const __m512i kv = _mm512_loadu_si512((const uint16_t*)k + d);
+#ifdef __AVX512BF16__
+        if (mode == DOT_BF16_DP) {
+            acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512((const uint16_t*)q + d), (__m512bh)kv);
+            continue;
+        }
+#endif
+        const __m512 even = _mm512_castsi512_ps(_mm512_slli_epi32(kv, 16));
+        const __m512 odd = _mm512_castsi512_ps(_mm512_and_si512(kv, _mm512_set1_epi32((int)0xFFFF0000u)));
+        acc = _mm512_fmadd_ps(_mm512_loadu_ps((const float*)q + d), even, acc);
+        acc = _mm512_fmadd_ps(_mm512_loadu_ps((const float*)q + d + 16), odd, acc);
+    }
+    return acc;
+}
+
+/* scores[g, s0 + i] = q_g . K[token i of the block] (times `post`), i < n; `k` points at token 0, head h.
+   `q` holds grp heads of hd values in token_dot's layout (q_elem bytes each). */
+INLINE void block_scores_512(const void* q, int64_t q_elem, const void* k, int64_t tok_stride, int64_t n,
+                             int64_t grp, int64_t hd, float* scores, int64_t S, int64_t s0, float post, int mode) {
+    const int64_t k_elem = mode == DOT_F32 ? 4 : 2;
+    const char* kb = (const char*)k;
+    for (int64_t g = 0; g < grp; g++) {
+        const char* qg = (const char*)q + g * hd * q_elem;
+        float* out = scores + g * S + s0;
+        int64_t i = 0;
+        for (; i + 16 <= n; i += 16) {
+            __m512 v[16];
+#pragma GCC unroll 16
+            for (int t = 0; t < 16; t++) v[t] = token_dot(qg, kb + (i + t) * tok_stride * k_elem, hd, mode);
+            _mm512_storeu_ps(out + i, _mm512_mul_ps(hsum16(v), _mm512_set1_ps(post)));
+        }
+        for (; i < n; i++) out[i] = _mm512_reduce_add_ps(token_dot(qg, kb + i * tok_stride * k_elem, hd, mode)) * post;
+    }
+}
+
+INLINE __m512 load16(const void* p, int64_t i, int bf16) {
+    if (bf16) {
+        const __m256i h = _mm256_loadu_si256((const __m256i*)((const uint16_t*)p + i));
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+    return _mm512_loadu_ps((const float*)p + i);
+}
+
+/* acc[g0 + j][d0 : d0 + 16 W] += sum_i p[g0 + j, s0 + i] V[token i][d0 : ...], j < NG: W * NG registers. */
+INLINE void values_tile(float* acc, const void* v, int64_t tok_stride, int64_t n, int64_t g0, int NG, int W,
+                        int64_t hd, int64_t d0, const float* scores, int64_t S, int64_t s0, int bf16) {
+    __m512 r[4][4];
+    for (int j = 0; j < NG; j++)
+        for (int w = 0; w < W; w++) r[j][w] = _mm512_loadu_ps(acc + (g0 + j) * hd + d0 + 16 * w);
+    for (int64_t i = 0; i < n; i++) {
+        __m512 x[4];
+        for (int w = 0; w < W; w++) x[w] = load16(v, i * tok_stride + d0 + 16 * w, bf16);
+        for (int j = 0; j < NG; j++) {
+            const __m512 p = _mm512_set1_ps(scores[(g0 + j) * S + s0 + i]);
+            for (int w = 0; w < W; w++) r[j][w] = _mm512_fmadd_ps(p, x[w], r[j][w]);
+        }
+    }
+    for (int j = 0; j < NG; j++)
+        for (int w = 0; w < W; w++) _mm512_storeu_ps(acc + (g0 + j) * hd + d0 + 16 * w, r[j][w]);
+}
+
+/* The group's heads four at a time (the rest by a tile of its own size): constant tile sizes keep the
+   accumulators in registers. */
+INLINE void values_columns(float* acc, const void* v, int64_t tok_stride, int64_t n, int64_t grp, int W,
+                           int64_t hd, int64_t d0, const float* scores, int64_t S, int64_t s0, int bf16) {
+    int64_t g0 = 0;
+    for (; g0 + 4 <= grp; g0 += 4) values_tile(acc, v, tok_stride, n, g0, 4, W, hd, d0, scores, S, s0, bf16);
+    switch (grp - g0) {
+        case 3: values_tile(acc, v, tok_stride, n, g0, 3, W, hd, d0, scores, S, s0, bf16); break;
+        case 2: values_tile(acc, v, tok_stride, n, g0, 2, W, hd, d0, scores, S, s0, bf16); break;
+        case 1: values_tile(acc, v, tok_stride, n, g0, 1, W, hd, d0, scores, S, s0, bf16); break;
+        default: break;
+    }
+}
+
+/* acc[g] += sum_i p[g, s0 + i] V[token i of the block], i < n; hd a multiple of 32. */
+INLINE void block_values_512(float* acc, const void* v, int64_t tok_stride, int64_t n, int64_t grp, int64_t hd,
+                             const float* scores, int64_t S, int64_t s0, int bf16) {
+    int64_t d0 = 0;
+    for (; d0 + 64 <= hd; d0 += 64) values_columns(acc, v, tok_stride, n, grp, 4, hd, d0, scores, S, s0, bf16);
+    if (d0 < hd) values_columns(acc, v, tok_stride, n, grp, 2, hd, d0, scores, S, s0, bf16);
+}
+
+#endif
