@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from engine.outputs import RequestDelta
 from shared.protocol import PriorityLoad, Stats, TenantLoad
@@ -68,15 +68,11 @@ class StepStats:
                  loads: tuple[list[PriorityLoad], list[TenantLoad]] = ([], [])) -> Stats:
         mean = self.total_requests_in_steps / self.num_steps if self.num_steps else 0.0
         return Stats(
-            num_running=core.num_running, num_waiting=core.num_waiting, num_swapped=core.num_swapped,
-            num_free_blocks=core.num_free_blocks, num_total_blocks=core.num_total_blocks,
-            num_preemptions=core.num_preemptions, num_steps=self.num_steps, num_finished=num_finished,
+            **asdict(core),  # CoreCounts' fields are Stats fields by the same names
+            num_steps=self.num_steps, num_finished=num_finished,
             num_aborted=self.num_aborted, max_requests_per_step=self.max_requests_per_step,
             mean_requests_per_step=mean, num_gateways=num_gateways,
             step_seconds=self.step_seconds, loop_seconds=self.loop_seconds,
             num_prompt_tokens=self.num_prompt_tokens, num_generation_tokens=self.num_generation_tokens,
-            prefix_cache_queries=core.prefix_cache_queries, prefix_cache_hits=core.prefix_cache_hits,
-            num_swaps_out=core.num_swaps_out, num_recomputes=core.num_recomputes,
-            num_free_cpu_blocks=core.num_free_cpu_blocks, num_total_cpu_blocks=core.num_total_cpu_blocks,
             started_at=self.started_at, by_priority=loads[0], by_tenant=loads[1],
         )
