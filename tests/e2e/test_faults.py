@@ -31,6 +31,7 @@ from tests.e2e.conftest import E2E_DTYPE
 from tests.gateway.tenancy.restartable_redis import RestartableRedis
 from tests.support.fault_stack import START_TIMEOUT_S, Books, healthy, spawn, stop, wait_until
 from tests.support.redis_server import free_port
+from tests.support.tenant_keys import new_tenant_key
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -63,19 +64,6 @@ class FaultStack:
         wait_until(self.books.nothing_held, SETTLE_S, "no lease, reservation or KV block held")
 
 
-async def _make_key(url: str) -> str:
-    from gateway.tenancy import TenantStore, connect
-
-    client = connect(url)
-    try:
-        store = TenantStore(client, prefix=PREFIX, actor="faults")
-        await store.create_tenant(TENANT)
-        key, _ = await store.create_key(TENANT)
-        return key
-    finally:
-        await client.aclose()
-
-
 @pytest.fixture(scope="module")
 def faults() -> Iterator[FaultStack]:
     logs = Path(tempfile.mkdtemp(prefix="pageserve-faults-"))
@@ -87,7 +75,7 @@ def faults() -> Iterator[FaultStack]:
     gateway_args = ["gateway", "--engine", engine_address, "--port", str(port), "--model", "smollm2",
                     "--redis-prefix", PREFIX, "--engine-timeout", str(START_TIMEOUT_S), "--quota-lease", "2"]
     stack = FaultStack(f"http://127.0.0.1:{port}", engine_address, engine_args,
-                       [*gateway_args, "--redis-url", server.url], asyncio.run(_make_key(server.url)), server,
+                       [*gateway_args, "--redis-url", server.url], asyncio.run(new_tenant_key(server.url, PREFIX, TENANT, "faults")), server,
                        Books(server.url, PREFIX, TENANT, engine_address), logs, {})
     try:
         stack.procs["engine"] = spawn(engine_args, logs / "engine.log")

@@ -35,6 +35,7 @@ from shared.model_store import resolve_model
 from shared.protocol import Stats
 from tests.e2e.conftest import _spawn, _stop, _wait_healthy
 from tests.support.redis_server import free_port
+from tests.support.tenant_keys import new_tenant_key
 from tests.support.tiny_model import tiny_llama_folder
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -72,19 +73,6 @@ def tiny_model_with_tokenizer(path: Path) -> Path:
         if (source / name).exists():
             shutil.copy(source / name, path / name)
     return path
-
-
-async def _key(redis_url: str, tenant: str) -> str:
-    from gateway.tenancy import TenantStore, connect
-
-    redis = connect(redis_url)
-    try:
-        store = TenantStore(redis, prefix=PREFIX, actor="e2e")
-        await store.create_tenant(tenant)
-        key, _ = await store.create_key(tenant)
-        return key
-    finally:
-        await redis.aclose()
 
 
 @pytest.fixture(scope="module")
@@ -146,7 +134,7 @@ SHARED = "You are a careful assistant. Answer in one short sentence, cite nothin
 
 
 def test_requests_sharing_a_prefix_land_on_one_replica_and_hit_its_cache(replicas: Replicas) -> None:
-    key = asyncio.run(_key(replicas.redis_url, "affinity"))
+    key = asyncio.run(new_tenant_key(replicas.redis_url, PREFIX, "affinity", "e2e"))
     before = {a: replicas.stats(a).num_finished for a in replicas.engines}
     routed_before = metric(replicas, "pageserve:router_decisions_total", reason="affinity")
     cached = []
@@ -200,7 +188,7 @@ async def _traffic(r: Replicas, key: str, n: int, max_tokens: int, kill: str | N
 
 
 def test_killing_a_replica_mid_traffic_loses_nothing_and_leaks_nothing(replicas: Replicas) -> None:
-    key = asyncio.run(_key(replicas.redis_url, "failover"))
+    key = asyncio.run(new_tenant_key(replicas.redis_url, PREFIX, "failover", "e2e"))
     victim, survivor = list(replicas.engines)
     n, max_tokens = 16, 120
     results = asyncio.run(_traffic(replicas, key, n, max_tokens, kill=victim))
