@@ -4,7 +4,7 @@
     cpu_attention.py    the fast CPU path (the engine's CPU backend): plans a step, calls the C kernels or SDPA
     cpu_decode.py       C: decode attention over the paged cache, float32 and bfloat16 (scalar, AVX2, AVX-512,
                         AVX512-BF16 loops; the fastest this host runs picked by choice.py)
-    cpu_prefill.py      C: causal attention of every prompt chunk of a step over the paged cache, float32
+    cpu_prefill.py      C: causal attention of every prompt chunk of a step over the paged cache, float32/bfloat16
     cpu_gemm.py         C: float32 products over prepacked 16-column weight panels (every projection)
     cpu_fused.py        C: add + RMSNorm, SiLU-and-mul, rotary, argmax for the float32 CPU forward pass
     cpu_fused_bf16.py   C (omp simd, vectorised for the host): add + RMSNorm, SiLU-and-mul, rotary in bfloat16

@@ -10,8 +10,7 @@
 #else
 #define HAVE_AVX2 0
 #endif
-
-#define INLINE static inline __attribute__((always_inline))
+#include "bf16_elem.h" /* INLINE, bfloat16 conversions, load1/store1 */
 
 /* The loop variants, chosen per call (cpu_decode.py picks one by timing those this build has).
    The kernel is compiled with -march=native on the host that runs it, so what the compiler may
@@ -30,30 +29,6 @@ enum { DOT_F32 = 0, DOT_BF16_SPLIT = 1, DOT_BF16_DP = 2 };
 #else
 #define HAVE_AVX512_BF16 0
 #endif
-
-INLINE float bf16_to_f32(uint16_t x) {
-    uint32_t u = ((uint32_t)x) << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-INLINE uint16_t f32_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    u += 0x7FFF + ((u >> 16) & 1); /* round to nearest even */
-    return (uint16_t)(u >> 16);
-}
-
-/* `bf16` is a compile-time constant at every call site: the branches fold away. */
-INLINE float load1(const void* p, int64_t i, int bf16) {
-    return bf16 ? bf16_to_f32(((const uint16_t*)p)[i]) : ((const float*)p)[i];
-}
-
-INLINE void store1(void* p, int64_t i, float v, int bf16) {
-    if (bf16) ((uint16_t*)p)[i] = f32_to_bf16(v);
-    else ((float*)p)[i] = v;
-}
 
 #if HAVE_AVX2
 INLINE __m256 load8(const void* p, int64_t i, int bf16) {

@@ -1,10 +1,14 @@
-/* Causal attention of prompt chunks over the paged KV cache, float32, AVX2 + FMA (bound by kernels/cpu_prefill.py).
+/* Causal attention of prompt chunks over the paged KV cache, AVX2 + FMA (bound by kernels/cpu_prefill.py).
+   float32 or bfloat16 queries, K/V and output; the products and the softmax always run in float32
+   (bfloat16 rows are widened as they are copied into the tiles' scratch, which happens for float32 too).
    The module docstring there explains the algorithm; compiled by kernels/native_build.py. */
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "bf16_elem.h"
 
 #define ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5)
 #define TILE_TOKENS 16
@@ -46,16 +50,16 @@ static void product(int64_t rows, const float *a, int64_t lda, const float *b, i
 
 /* One task: query tokens t0 .. t1-1 of a chunk, KV head h. Scratch: qs, o (rows x hd), s (rows x 16),
    kt (hd x 16), vs (16 x hd), mx, sum (rows). */
-static void attend_tile(const float *q, int64_t q_stride, const float *kc, const float *vc, float *out,
+INLINE void attend_tile(const void *q, int64_t q_stride, const void *kc, const void *vc, void *out,
                         int64_t start, int64_t context_len, const int64_t *table, int64_t t0, int64_t t1,
                         int64_t h, int64_t grp, int64_t n_kv, int64_t hd, int64_t bs, float scale,
-                        float *qs, float *o, float *s, float *kt, float *vs, float *mx, float *sum) {
+                        float *qs, float *o, float *s, float *kt, float *vs, float *mx, float *sum, int bf16) {
     const int64_t n_q = n_kv * grp, rows = (t1 - t0) * grp;
     for (int64_t t = t0; t < t1; t++)
         for (int64_t g = 0; g < grp; g++) {
             const int64_t r = (t - t0) * grp + g;
-            const float *src = q + (start + t) * q_stride + (h * grp + g) * hd;
-            for (int64_t d = 0; d < hd; d++) qs[r * hd + d] = src[d] * scale;
+            const int64_t src = (start + t) * q_stride + (h * grp + g) * hd;
+            for (int64_t d = 0; d < hd; d++) qs[r * hd + d] = load1(q, src + d, bf16) * scale;
             memset(o + r * hd, 0, hd * sizeof(float));
             mx[r] = -INFINITY;
             sum[r] = 0.f;
@@ -68,9 +72,8 @@ static void attend_tile(const float *q, int64_t q_stride, const float *kc, const
         for (int64_t j = 0; j < 16; j++) {
             if (j < n) {
                 const int64_t pos = s0 + j, slot = (table[pos / bs] * bs + pos % bs) * n_kv + h;
-                const float *k = kc + slot * hd, *v = vc + slot * hd;
-                for (int64_t d = 0; d < hd; d++) kt[d * 16 + j] = k[d];
-                memcpy(vs + j * hd, v, hd * sizeof(float));
+                for (int64_t d = 0; d < hd; d++) kt[d * 16 + j] = load1(kc, slot * hd + d, bf16);
+                for (int64_t d = 0; d < hd; d++) vs[j * hd + d] = load1(vc, slot * hd + d, bf16);
             } else {
                 for (int64_t d = 0; d < hd; d++) kt[d * 16 + j] = 0.f;
             }
@@ -103,18 +106,18 @@ static void attend_tile(const float *q, int64_t q_stride, const float *kc, const
     for (int64_t t = t0; t < t1; t++)
         for (int64_t g = 0; g < grp; g++) {
             const int64_t r = (t - t0) * grp + g;
-            float *dst = out + ((start + t) * n_q + h * grp + g) * hd;
+            const int64_t dst = ((start + t) * n_q + h * grp + g) * hd;
             const float inv = 1.f / sum[r];
-            for (int64_t d = 0; d < hd; d++) dst[d] = o[r * hd + d] * inv;
+            for (int64_t d = 0; d < hd; d++) store1(out, dst + d, o[r * hd + d] * inv, bf16);
         }
 }
 
 /* Chunk c: query rows starts[c] .. starts[c]+lens[c]-1, context_lens[c] tokens before it,
    block table tables[c * max_blocks ..]. out (T, n_q, hd) contiguous; q rows q_stride apart. */
-void prefill_attention_f32(const float *q, int64_t q_stride, const float *kc, const float *vc, float *out,
-                           const int64_t *starts, const int64_t *lens, const int64_t *context_lens,
-                           const int64_t *tables, int64_t max_blocks, int64_t n_chunks, int64_t n_q,
-                           int64_t n_kv, int64_t hd, int64_t bs, float scale, int nthreads) {
+INLINE void prefill_attention(const void *q, int64_t q_stride, const void *kc, const void *vc, void *out,
+                              const int64_t *starts, const int64_t *lens, const int64_t *context_lens,
+                              const int64_t *tables, int64_t max_blocks, int64_t n_chunks, int64_t n_q,
+                              int64_t n_kv, int64_t hd, int64_t bs, float scale, int nthreads, int bf16) {
     const int64_t grp = n_q / n_kv, rows_max = TILE_TOKENS * grp;
     int64_t n_tasks = 0;
     for (int64_t c = 0; c < n_chunks; c++) n_tasks += n_kv * ((lens[c] + TILE_TOKENS - 1) / TILE_TOKENS);
@@ -138,9 +141,23 @@ void prefill_attention_f32(const float *q, int64_t q_stride, const float *kc, co
             const int64_t c = task[3 * j], t0 = task[3 * j + 1], h = task[3 * j + 2];
             const int64_t t1 = t0 + TILE_TOKENS < lens[c] ? t0 + TILE_TOKENS : lens[c];
             attend_tile(q, q_stride, kc, vc, out, starts[c], context_lens[c], tables + c * max_blocks, t0, t1, h,
-                        grp, n_kv, hd, bs, scale, qs, o, s, kt, vs, mx, sum);
+                        grp, n_kv, hd, bs, scale, qs, o, s, kt, vs, mx, sum, bf16);
         }
         free(qs); free(o); free(s); free(kt); free(vs); free(mx); free(sum);
     }
     free(task);
+}
+
+#define PREFILL_ARGS const int64_t *starts, const int64_t *lens, const int64_t *context_lens, const int64_t *tables, \
+    int64_t max_blocks, int64_t n_chunks, int64_t n_q, int64_t n_kv, int64_t hd, int64_t bs, float scale, int nthreads
+#define PREFILL_PASS starts, lens, context_lens, tables, max_blocks, n_chunks, n_q, n_kv, hd, bs, scale, nthreads
+
+void prefill_attention_f32(const float *q, int64_t q_stride, const float *kc, const float *vc, float *out, PREFILL_ARGS) {
+    prefill_attention(q, q_stride, kc, vc, out, PREFILL_PASS, 0);
+}
+
+/* The same on bfloat16 tensors (uint16_t bit patterns); results rounded to bfloat16 once, at the end. */
+void prefill_attention_bf16(const uint16_t *q, int64_t q_stride, const uint16_t *kc, const uint16_t *vc, uint16_t *out,
+                            PREFILL_ARGS) {
+    prefill_attention(q, q_stride, kc, vc, out, PREFILL_PASS, 1);
 }

@@ -157,36 +157,51 @@ def test_native_decode_vector_paths(hd: int, num_requests: int, block_size: int,
 PREFILL_MIX = ([37, 1, 16, 50, 3, 2], [37, 20, 116, 53, 3, 40])  # fresh, decode, continued after 100, ...
 
 
+def _widened(args: tuple) -> tuple:
+    """The same batch in float32: what the kernel computes in, whatever the tensors' dtype."""
+    return tuple(a.float() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("block_size", [16, 5, 32])
 @pytest.mark.parametrize(("hd", "n_q", "n_kv"), [(64, 9, 3), (16, 4, 4), (32, 8, 1)])
-def test_native_prefill_matches_reference(block_size: int, hd: int, n_q: int, n_kv: int) -> None:
-    """Prompt chunks in the C kernel: fresh and continued, any block size, NaN in every unused slot."""
+def test_native_prefill_matches_reference(block_size: int, hd: int, n_q: int, n_kv: int, dtype: torch.dtype) -> None:
+    """Prompt chunks in the C kernel: fresh and continued, any block size, NaN in every unused slot.
+
+    bfloat16: the float32 attention of the same (bfloat16) values, rounded once: within one
+    bfloat16 rounding step of it (2^-8 relative), far tighter than a bfloat16 computation would be.
+    """
     if cpu_prefill.load() is None:
         pytest.skip("no AVX2+FMA or no C compiler: the native prefill kernel cannot be built")
     q_lens, seq_lens = PREFILL_MIX
-    args = _batch(q_lens, seq_lens, n_q=n_q, n_kv=n_kv, hd=hd, block_size=block_size, seed=hd + block_size)
+    args = _batch(q_lens, seq_lens, n_q=n_q, n_kv=n_kv, hd=hd, block_size=block_size, seed=hd + block_size,
+                  dtype=dtype)
     tables = [args[3][i, : (s + block_size - 1) // block_size].tolist() for i, s in enumerate(seq_lens)]
     plan = ca.plan_attention(q_lens, seq_lens, tables, block_size, native=True)
     assert plan.native_prefill is not None and plan.native_prefill.lens.tolist() == [37, 16, 50, 3, 2]
     assert plan.native_prefill.context_lens.tolist() == [0, 100, 3, 0, 38]
     out = ca.paged_attention(*args)
-    want = ref.paged_attention_ref(*args)
-    assert not out.isnan().any()
-    torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
+    assert out.dtype == dtype and not out.isnan().any()
+    want = ref.paged_attention_ref(*_widened(args))
+    if dtype == torch.float32:
+        torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
+    else:
+        torch.testing.assert_close(out.float(), want, atol=1e-5, rtol=2**-8)
 
 
 def test_prefill_kernel_is_skipped_where_it_does_not_apply(monkeypatch: pytest.MonkeyPatch) -> None:
-    """bfloat16, or a head size that is no multiple of 16, keeps scaled_dot_product_attention."""
+    """A head size that is no multiple of 16, or float16, keeps scaled_dot_product_attention."""
     if cpu_prefill.load() is None:
         pytest.skip("no AVX2+FMA or no C compiler: the native prefill kernel cannot be built")
     calls = []
     real = cpu_prefill.NativePrefill.__call__
     monkeypatch.setattr(cpu_prefill.NativePrefill, "__call__", lambda self, *a: calls.append(1) or real(self, *a))
     q_lens, seq_lens = PREFILL_MIX
-    for dtype, hd, used in ((torch.bfloat16, 64, False), (torch.float32, 24, False), (torch.float32, 64, True)):
+    for dtype, hd, used in ((torch.bfloat16, 64, True), (torch.float16, 64, False), (torch.float32, 24, False),
+                            (torch.float32, 64, True)):
         args = _batch(q_lens, seq_lens, n_q=6, n_kv=2, hd=hd, block_size=16, dtype=dtype)
         calls.clear()
         out = ca.paged_attention(*args)
         assert bool(calls) == used
-        tol = 2e-2 if dtype == torch.bfloat16 else 1e-5
-        torch.testing.assert_close(out.float(), ref.paged_attention_ref(*args).float(), atol=tol, rtol=tol)
+        tol = 1e-5 if dtype == torch.float32 else 2e-2
+        torch.testing.assert_close(out.float(), ref.paged_attention_ref(*_widened(args)), atol=tol, rtol=tol)
