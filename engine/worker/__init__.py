@@ -4,6 +4,7 @@
     input_batch.py      one step as flat tensors: token ids, positions, slot mapping, block tables
     kv_cache.py         the device KV pool that attention reads and the CPU pool that swaps go to
     sampler.py          next-token choice per row: greedy, temperature, top-k, top-p, seeds
+    host_allocator.py   glibc malloc kept from unmapping a step's large temporaries (set once per process)
     model_loader.py     weights from a Hugging Face folder (safetensors) into our LlamaModel
     models/llama.py     the Llama forward pass, top to bottom with shape comments; owns its cost arithmetic
     layers/             attention (paged, through pageserve_kernels), linear, MLP, norm, rotary

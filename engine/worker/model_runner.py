@@ -18,6 +18,7 @@ import torch
 
 from engine.outputs import RunnerOutput, SchedulerOutput
 from engine.step_failures import EngineStateLost
+from engine.worker import host_allocator
 from engine.worker.decode_graphs import DecodeGraphs
 from engine.worker.input_batch import build_step_inputs, order_chunks
 from engine.worker.kv_cache import KVCache
@@ -47,6 +48,7 @@ class ModelRunner:
         self, model: LlamaModel, kv_cache: KVCache, sampler: Sampler,
         attention_backend: str | AttentionBackend = "auto", structured: StructuredOutputs | None = None,
     ) -> None:
+        host_allocator.keep_freed_buffers()  # once per process: a step's temporaries stay mapped
         self.model = model
         self.kv_cache = kv_cache
         self.sampler = sampler
