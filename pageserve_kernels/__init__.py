@@ -9,8 +9,9 @@
     cpu_fused.py        C: add + RMSNorm, SiLU-and-mul, rotary, argmax for the float32 CPU forward pass
     cpu_fused_bf16.py   C (omp simd, vectorised for the host): add + RMSNorm, SiLU-and-mul, rotary in bfloat16
     choice.py           times candidate implementations once per host, caches and logs the fastest
+    host_load.py        how many cores other processes took while we timed (busy timings are measured again)
     fused_choice.py     C kernel or PyTorch for each fused op, dtype and width, by choice.py
-    csrc/               the C sources of those kernels (package data; exp8_avx2.h shared by both attentions,
+    csrc/               the C sources of those kernels (package data; exp8_avx2.h and bf16_elem.h shared by both attentions,
                         decode_avx512.h the decode kernel's AVX-512 loops)
     native_build.py     compiles and caches the C kernels; PAGESERVE_NATIVE_KERNELS=0 turns them off
     cpu_features.py     what this CPU computes natively (AVX2, FMA, AVX512-BF16, AMX) from /proc/cpuinfo

@@ -81,3 +81,31 @@ def test_retune_measures_again_and_replaces_the_cached_pick(monkeypatch: pytest.
     assert choice.choose("op", "k", ["slow", "fast"], lambda: swapped).pick == "slow"
     monkeypatch.delenv(choice.RETUNE_ENV)
     assert choice.choose("op", "k", ["slow", "fast"], lambda: pytest.fail("cached")).pick == "slow"
+
+
+def _competing(cores: float | None):
+    """host_load.others_cores as if other processes used `cores` while we measured."""
+    return lambda fn: (fn(), cores)
+
+
+def test_a_pick_measured_beside_a_busy_neighbour_is_measured_again_on_a_quiet_start(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(choice.host_load, "others_cores", _competing(1.5))
+    swapped = {"slow": sleeper(0.0), "fast": sleeper(0.004)}  # the neighbour made the slow one look fast
+    busy = choice.choose("op", "k", ["slow", "fast"], lambda: swapped)
+    assert (busy.pick, busy.busy) == ("slow", True)
+    monkeypatch.setattr(choice.host_load, "quiet_now", lambda: False)  # still busy: the noisy pick is used
+    assert choice.choose("op", "k", ["slow", "fast"], lambda: pytest.fail("timed again while busy")).how == "cached"
+    monkeypatch.setattr(choice.host_load, "quiet_now", lambda: True)
+    monkeypatch.setattr(choice.host_load, "others_cores", _competing(0.0))
+    again = choice.choose("op", "k", ["slow", "fast"], fakes)
+    assert (again.pick, again.how, again.busy) == ("fast", "measured", False)
+    assert choice.choose("op", "k", ["slow", "fast"], lambda: pytest.fail("a quiet pick is kept")).pick == "fast"
+
+
+@pytest.mark.parametrize("cores", [0.0, None])  # None: off Linux, unknown
+def test_a_quiet_or_unknown_measurement_is_trusted(monkeypatch: pytest.MonkeyPatch, cores: float | None) -> None:
+    monkeypatch.setattr(choice.host_load, "others_cores", _competing(cores))
+    assert not choice.choose("op", "k", ["slow", "fast"], fakes).busy
+    monkeypatch.setattr(choice.host_load, "quiet_now", lambda: pytest.fail("no probe for a trusted pick"))
+    assert choice.choose("op", "k", ["slow", "fast"], fakes).how == "cached"
