@@ -129,9 +129,9 @@ def choose(kind: str, key: str, names: Sequence[str], timers: Callable[[], Timer
     full_key = f"{kind}|{key}"
     store = _load()
     cached = None if os.environ.get(RETUNE_ENV) == "1" else store.get(full_key)
-    if cached is not None and cached.get("pick") in names and set(cached.get("seconds", {})) == set(names):
-        if not (cached.get("busy") and host_load.quiet_now()):
-            return Choice(str(cached["pick"]), dict(cached["seconds"]), "cached", bool(cached.get("busy")))
+    usable = cached is not None and cached.get("pick") in names and set(cached.get("seconds", {})) == set(names)
+    if usable and not (cached.get("busy") and host_load.quiet_now()):  # a busy pick waits for a quiet start
+        return Choice(str(cached["pick"]), dict(cached["seconds"]), "cached", bool(cached.get("busy")))
     seconds, others = host_load.others_cores(lambda: measure_fn(timers()))
     busy = others is not None and others > host_load.BUSY_CORES
     pick = min(seconds, key=seconds.__getitem__)

@@ -46,7 +46,7 @@ def _glibc() -> ctypes.CDLL | None:
         return None
     try:
         libc = ctypes.CDLL(name)
-        libc.gnu_get_libc_version  # only glibc has mallopt with these meanings
+        getattr(libc, "gnu_get_libc_version")  # only glibc has mallopt with these meanings  # noqa: B009
     except (OSError, AttributeError):
         return None
     libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
