@@ -180,22 +180,24 @@ INLINE void prepare_query(const void* q, int64_t off, int64_t rows, int64_t hd, 
 }
 
 /* Blocks sit anywhere in the pool, so the hardware prefetcher cannot see the next one coming:
-   ask for it, every cache line into L1, while this one is computed (measured on an AVX-512 Xeon,
-   one thread, a cache far larger than L2: +20% against none, -25% when asking every other line).
-   The next block's lines are asked for in `parts` slices, one before each of this block's heads,
-   so the requests never pile up in the miss buffers at once (AMD EPYC with AVX512-BF16, bfloat16,
-   `python -m ops.bench.kernels.cpu_decode`: 62.7/66.4 -> 58.9/57.9 ms a step; float32 unchanged).
-   Two or three blocks ahead measured no better there. */
+   ask for the block after next while this one is computed, into L2 (prefetcht1), in `parts`
+   slices, one before each of this block's heads. Into L2 because of Little's law: a core tracks
+   only ~16-24 outstanding L1 misses but ~48-64 at L2, and a whole block's lines (96 in bfloat16,
+   192 in float32) asked into L1 at once queue behind those few slots: on an AMD EPYC with
+   AVX512-BF16 (2 vCPUs, `python -m ops.bench.kernels.cpu_decode`, 577 MB of K/V a step) the
+   next block into L1 streamed 8.5-10 GB/s in bfloat16 (~66 ms a step) and 11 GB/s in float32
+   (~102 ms); the block after next into L2, 15-17 GB/s in both (33-39 and 68 ms). Sliced, so the
+   requests never pile up at once (worth ~8% with L1 prefetches there). */
 INLINE void prefetch_next(const void* cache, const int64_t* table, int64_t s0, int64_t S, int64_t bs,
                           int64_t n_kv, int64_t h0, int64_t nh, int64_t hd, int bf16, int64_t part, int64_t parts) {
-    const int64_t t0 = s0 + bs;
+    const int64_t t0 = s0 + 2 * bs; /* the block after next */
     if (t0 >= S) return;
     const int64_t elem = bf16 ? 2 : 4;
     const char* p = (const char*)at(cache, (table[t0 / bs] * bs * n_kv + h0) * hd, bf16);
     const int64_t n = S - t0 < bs ? S - t0 : bs;
     const int64_t lines = (((n - 1) * n_kv + nh) * hd * elem + 63) / 64;
     const int64_t from = lines * part / parts, to = lines * (part + 1) / parts;
-    for (int64_t l = from; l < to; l++) __builtin_prefetch(p + 64 * l, 0, 3);
+    for (int64_t l = from; l < to; l++) __builtin_prefetch(p + 64 * l, 0, 2);
 }
 
 /* One request, KV heads h0 .. h1-1 (all of them unless the batch is too small to keep every
