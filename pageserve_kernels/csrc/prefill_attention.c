@@ -11,7 +11,7 @@
 #include "bf16_elem.h"
 
 #define ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5)
-#define TILE_TOKENS 16
+#define TILE_TOKENS 32
 
 /* c[r, 0:16] (+)= a[r, 0:K] . b[0:K, 0:16] for r < MR; b rows ldb apart. */
 static inline __attribute__((always_inline)) void tile(
