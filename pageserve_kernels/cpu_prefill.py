@@ -51,9 +51,13 @@ class NativePrefill:
     def __init__(self, lib: ctypes.CDLL) -> None:
         p, i = ctypes.c_void_p, ctypes.c_int64
         self._fns = {torch.float32: lib.prefill_attention_f32, torch.bfloat16: lib.prefill_attention_bf16}
-        for fn in self._fns.values():
-            fn.restype = None
-            fn.argtypes = [p, i, p, p, p, p, p, p, p, i, i, i, i, i, i, ctypes.c_float, ctypes.c_int]
+        args = [p, i, p, p, p, p, p, p, p, i, i, i, i, i, i, ctypes.c_float, ctypes.c_int]
+        for fn, extra in ((lib.prefill_attention_f32, []), (lib.prefill_attention_bf16, [ctypes.c_int])):
+            fn.restype, fn.argtypes = None, args + extra
+        self.has_dot_products = bool(lib.prefill_attention_has_dpbf16())
+        """bfloat16 Q . K^T by AVX512-BF16 dot products is compiled in (the host has the instructions)."""
+        self.dot_products = self.has_dot_products
+        """Use them for bfloat16 (tests turn it off to check the widening path on the same host)."""
 
     def __call__(
         self,
@@ -75,7 +79,8 @@ class NativePrefill:
         assert block_tables.is_contiguous() and block_tables.dtype == torch.int64
         self._fns[query.dtype](query.data_ptr(), query.stride(0), key_cache.data_ptr(), value_cache.data_ptr(), out.data_ptr(),
                  starts.data_ptr(), lens.data_ptr(), context_lens.data_ptr(), block_tables.data_ptr(),
-                 block_tables.shape[1], starts.shape[0], n_q, n_kv, hd, bs, scale, torch.get_num_threads())
+                 block_tables.shape[1], starts.shape[0], n_q, n_kv, hd, bs, scale, torch.get_num_threads(),
+                 *((int(self.dot_products),) if query.dtype == torch.bfloat16 else ()))
 
 
 def supports(dtype: torch.dtype, head_dim: int) -> bool:

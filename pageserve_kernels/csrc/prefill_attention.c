@@ -48,18 +48,56 @@ static void product(int64_t rows, const float *a, int64_t lda, const float *b, i
 
 #include "exp8_avx2.h"
 
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#define HAVE_DPBF16 1
+/* s[r][0:16] = scale * sum_p qb[r][p] . kt2[p], r < rows: pairs of bfloat16 (p < pairs) multiplied
+   and summed in float32 by AVX512-BF16's dot product, sixteen keys per instruction; eight rows at a
+   time keep eight independent accumulation chains in flight. */
+#define DP_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
+static void scores_dpbf16(int64_t rows, const uint32_t *restrict qb, int64_t pairs, const uint32_t *restrict kt2,
+                          float scale, float *restrict s) {
+    const __m512 sc = _mm512_set1_ps(scale);
+    int64_t r = 0;
+    for (; r + 8 <= rows; r += 8) {
+#define DP_DECL(i) __m512 a##i = _mm512_setzero_ps();
+        DP_ROWS(DP_DECL)
+        for (int64_t p = 0; p < pairs; p++) {
+            const __m512bh k = (__m512bh)_mm512_loadu_si512(kt2 + p * 16);
+#define DP_FMA(i) a##i = _mm512_dpbf16_ps(a##i, (__m512bh)_mm512_set1_epi32((int)qb[(r + i) * pairs + p]), k);
+            DP_ROWS(DP_FMA)
+        }
+#define DP_STORE(i) _mm512_storeu_ps(s + (r + i) * 16, _mm512_mul_ps(a##i, sc));
+        DP_ROWS(DP_STORE)
+    }
+    for (; r < rows; r++) {
+        __m512 a = _mm512_setzero_ps();
+        for (int64_t p = 0; p < pairs; p++)
+            a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_set1_epi32((int)qb[r * pairs + p]),
+                                 (__m512bh)_mm512_loadu_si512(kt2 + p * 16));
+        _mm512_storeu_ps(s + r * 16, _mm512_mul_ps(a, sc));
+    }
+}
+#else
+#define HAVE_DPBF16 0
+#endif
+
 /* One task: query tokens t0 .. t1-1 of a chunk, KV head h. Scratch: qs, o (rows x hd), s (rows x 16),
    kt (hd x 16), vs (16 x hd), mx, sum (rows). */
 INLINE void attend_tile(const void *q, int64_t q_stride, const void *kc, const void *vc, void *out,
                         int64_t start, int64_t context_len, const int64_t *table, int64_t t0, int64_t t1,
                         int64_t h, int64_t grp, int64_t n_kv, int64_t hd, int64_t bs, float scale,
-                        float *qs, float *o, float *s, float *kt, float *vs, float *mx, float *sum, int bf16) {
-    const int64_t n_q = n_kv * grp, rows = (t1 - t0) * grp;
+                        float *qs, float *o, float *s, float *kt, float *vs, float *mx, float *sum, int bf16,
+                        int dp) {
+    const int64_t n_q = n_kv * grp, rows = (t1 - t0) * grp, pairs = hd / 2;
+    /* bfloat16 with AVX512-BF16: Q . K^T from the tensors' own bfloat16 pairs (qs and kt then hold
+       uint32 pairs, the scale is applied to the sums); softmax and P . V stay in float32 as below. */
+    uint32_t *qb = (uint32_t *)qs, *kt2 = (uint32_t *)kt;
     for (int64_t t = t0; t < t1; t++)
         for (int64_t g = 0; g < grp; g++) {
             const int64_t r = (t - t0) * grp + g;
             const int64_t src = (start + t) * q_stride + (h * grp + g) * hd;
-            for (int64_t d = 0; d < hd; d++) qs[r * hd + d] = load1(q, src + d, bf16) * scale;
+            if (dp) memcpy(qb + r * pairs, (const uint16_t *)q + src, hd * sizeof(uint16_t));
+            else for (int64_t d = 0; d < hd; d++) qs[r * hd + d] = load1(q, src + d, bf16) * scale;
             memset(o + r * hd, 0, hd * sizeof(float));
             mx[r] = -INFINITY;
             sum[r] = 0.f;
@@ -72,13 +110,25 @@ INLINE void attend_tile(const void *q, int64_t q_stride, const void *kc, const v
         for (int64_t j = 0; j < 16; j++) {
             if (j < n) {
                 const int64_t pos = s0 + j, slot = (table[pos / bs] * bs + pos % bs) * n_kv + h;
-                for (int64_t d = 0; d < hd; d++) kt[d * 16 + j] = load1(kc, slot * hd + d, bf16);
+                if (dp) {
+                    uint32_t kp[pairs];
+                    memcpy(kp, (const uint16_t *)kc + slot * hd, hd * sizeof(uint16_t));
+                    for (int64_t p = 0; p < pairs; p++) kt2[p * 16 + j] = kp[p];
+                } else {
+                    for (int64_t d = 0; d < hd; d++) kt[d * 16 + j] = load1(kc, slot * hd + d, bf16);
+                }
                 for (int64_t d = 0; d < hd; d++) vs[j * hd + d] = load1(vc, slot * hd + d, bf16);
+            } else if (dp) {
+                for (int64_t p = 0; p < pairs; p++) kt2[p * 16 + j] = 0;
             } else {
                 for (int64_t d = 0; d < hd; d++) kt[d * 16 + j] = 0.f;
             }
         }
-        product(rows, qs, hd, kt, 16, hd, s, 16, 0);
+#if HAVE_DPBF16
+        if (dp) scores_dpbf16(rows, qb, pairs, kt2, scale, s);
+        else
+#endif
+            product(rows, qs, hd, kt, 16, hd, s, 16, 0);
         for (int64_t r = 0; r < rows; r++) {
             float *sr = s + r * 16;
             const int64_t pos = context_len + t0 + r / grp; /* this row's query position */
@@ -117,7 +167,7 @@ INLINE void attend_tile(const void *q, int64_t q_stride, const void *kc, const v
 INLINE void prefill_attention(const void *q, int64_t q_stride, const void *kc, const void *vc, void *out,
                               const int64_t *starts, const int64_t *lens, const int64_t *context_lens,
                               const int64_t *tables, int64_t max_blocks, int64_t n_chunks, int64_t n_q,
-                              int64_t n_kv, int64_t hd, int64_t bs, float scale, int nthreads, int bf16) {
+                              int64_t n_kv, int64_t hd, int64_t bs, float scale, int nthreads, int bf16, int dp) {
     const int64_t grp = n_q / n_kv, rows_max = TILE_TOKENS * grp;
     int64_t n_tasks = 0;
     for (int64_t c = 0; c < n_chunks; c++) n_tasks += n_kv * ((lens[c] + TILE_TOKENS - 1) / TILE_TOKENS);
@@ -141,7 +191,7 @@ INLINE void prefill_attention(const void *q, int64_t q_stride, const void *kc, c
             const int64_t c = task[3 * j], t0 = task[3 * j + 1], h = task[3 * j + 2];
             const int64_t t1 = t0 + TILE_TOKENS < lens[c] ? t0 + TILE_TOKENS : lens[c];
             attend_tile(q, q_stride, kc, vc, out, starts[c], context_lens[c], tables + c * max_blocks, t0, t1, h,
-                        grp, n_kv, hd, bs, scale, qs, o, s, kt, vs, mx, sum, bf16);
+                        grp, n_kv, hd, bs, scale, qs, o, s, kt, vs, mx, sum, bf16, dp);
         }
         free(qs); free(o); free(s); free(kt); free(vs); free(mx); free(sum);
     }
@@ -153,11 +203,19 @@ INLINE void prefill_attention(const void *q, int64_t q_stride, const void *kc, c
 #define PREFILL_PASS starts, lens, context_lens, tables, max_blocks, n_chunks, n_q, n_kv, hd, bs, scale, nthreads
 
 void prefill_attention_f32(const float *q, int64_t q_stride, const float *kc, const float *vc, float *out, PREFILL_ARGS) {
-    prefill_attention(q, q_stride, kc, vc, out, PREFILL_PASS, 0);
+    prefill_attention(q, q_stride, kc, vc, out, PREFILL_PASS, 0, 0);
 }
 
-/* The same on bfloat16 tensors (uint16_t bit patterns); results rounded to bfloat16 once, at the end. */
+/* The same on bfloat16 tensors (uint16_t bit patterns); results rounded to bfloat16 once, at the end.
+   dot_products: Q . K^T with AVX512-BF16 where this build has it (prefill_attention_has_dpbf16), else
+   (or 0) from the keys widened to float32. Both are exact products summed in float32. */
 void prefill_attention_bf16(const uint16_t *q, int64_t q_stride, const uint16_t *kc, const uint16_t *vc, uint16_t *out,
-                            PREFILL_ARGS) {
-    prefill_attention(q, q_stride, kc, vc, out, PREFILL_PASS, 1);
+                            PREFILL_ARGS, int dot_products) {
+#if HAVE_DPBF16
+    if (dot_products) { prefill_attention(q, q_stride, kc, vc, out, PREFILL_PASS, 1, 1); return; }
+#endif
+    (void)dot_products;
+    prefill_attention(q, q_stride, kc, vc, out, PREFILL_PASS, 1, 0);
 }
+
+int prefill_attention_has_dpbf16(void) { return HAVE_DPBF16; }

@@ -162,17 +162,24 @@ def _widened(args: tuple) -> tuple:
     return tuple(a.float() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("dtype", "dots"), [(torch.float32, False), (torch.bfloat16, False), (torch.bfloat16, True)])
 @pytest.mark.parametrize("block_size", [16, 5, 32])
-@pytest.mark.parametrize(("hd", "n_q", "n_kv"), [(64, 9, 3), (16, 4, 4), (32, 8, 1)])
-def test_native_prefill_matches_reference(block_size: int, hd: int, n_q: int, n_kv: int, dtype: torch.dtype) -> None:
+@pytest.mark.parametrize(("hd", "n_q", "n_kv"), [(64, 9, 3), (16, 4, 4), (32, 8, 1), (48, 12, 1)])
+def test_native_prefill_matches_reference(block_size: int, hd: int, n_q: int, n_kv: int, dtype: torch.dtype,
+                                          dots: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """Prompt chunks in the C kernel: fresh and continued, any block size, NaN in every unused slot.
 
     bfloat16: the float32 attention of the same (bfloat16) values, rounded once: within one
-    bfloat16 rounding step of it (2^-8 relative), far tighter than a bfloat16 computation would be.
+    bfloat16 rounding step of it (2^-8 relative), far tighter than a bfloat16 computation would be;
+    both ways of taking Q . K^T (keys widened to float32, or AVX512-BF16 dot products where built).
+    12 query heads on one KV head: 12 x 32 rows per tile, past the dot products' eight-row groups.
     """
-    if cpu_prefill.load() is None:
+    kernel = cpu_prefill.load()
+    if kernel is None:
         pytest.skip("no AVX2+FMA or no C compiler: the native prefill kernel cannot be built")
+    if dots and not kernel.has_dot_products:
+        pytest.skip("no AVX512-BF16 on this host: the dot-product path is not built here")
+    monkeypatch.setattr(kernel, "dot_products", dots)
     q_lens, seq_lens = PREFILL_MIX
     args = _batch(q_lens, seq_lens, n_q=n_q, n_kv=n_kv, hd=hd, block_size=block_size, seed=hd + block_size,
                   dtype=dtype)
