@@ -9,26 +9,12 @@
 #include <stdint.h>
 #include <string.h>
 
-#define INLINE static inline __attribute__((always_inline))
+#include "bf16_elem.h" /* INLINE, bf16_to_f32, f32_to_bf16 (round to nearest even, NaN kept) */
+
 #define MIN_PARALLEL 16384
 
-INLINE float bf(uint16_t x) {
-    uint32_t u = ((uint32_t)x) << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-INLINE uint16_t to_bf(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* NaN stays NaN */
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
 /* float -> bfloat16 -> float: the rounding the reference applies between two ops. */
-INLINE float round_bf(float f) { return bf(to_bf(f)); }
+INLINE float round_bf(float f) { return bf16_to_f32(f32_to_bf16(f)); }
 
 /* exp(x) for the SiLU: Cephes' polynomial on x clamped to [-87, 88] (infinity above), relative error ~1e-7
    (far below bfloat16's 4e-3), written so the loop around it vectorises. */
@@ -61,13 +47,13 @@ void add_rms_norm_bf16(uint16_t* x, uint16_t* residual, const uint16_t* w, int64
         float ss = 0.f;
 #pragma omp simd reduction(+ : ss)
         for (int64_t d = 0; d < H; d++) {
-            const float s = round_bf(bf(rr[d]) + bf(xr[d]));
-            rr[d] = to_bf(s);
+            const float s = round_bf(bf16_to_f32(rr[d]) + bf16_to_f32(xr[d]));
+            rr[d] = f32_to_bf16(s);
             ss += s * s;
         }
         const float r = 1.f / sqrtf(ss / (float)H + eps);
 #pragma omp simd
-        for (int64_t d = 0; d < H; d++) xr[d] = to_bf(bf(w[d]) * round_bf(bf(rr[d]) * r));
+        for (int64_t d = 0; d < H; d++) xr[d] = f32_to_bf16(bf16_to_f32(w[d]) * round_bf(bf16_to_f32(rr[d]) * r));
     }
 }
 
@@ -78,10 +64,10 @@ void rms_norm_bf16(const uint16_t* x, int64_t x_stride, const uint16_t* w, uint1
         const uint16_t* row = x + t * x_stride;
         float ss = 0.f;
 #pragma omp simd reduction(+ : ss)
-        for (int64_t d = 0; d < H; d++) ss += bf(row[d]) * bf(row[d]);
+        for (int64_t d = 0; d < H; d++) ss += bf16_to_f32(row[d]) * bf16_to_f32(row[d]);
         const float r = 1.f / sqrtf(ss / (float)H + eps);
 #pragma omp simd
-        for (int64_t d = 0; d < H; d++) out[t * H + d] = to_bf(bf(w[d]) * round_bf(bf(row[d]) * r));
+        for (int64_t d = 0; d < H; d++) out[t * H + d] = f32_to_bf16(bf16_to_f32(w[d]) * round_bf(bf16_to_f32(row[d]) * r));
     }
 }
 
@@ -95,8 +81,8 @@ void silu_and_mul_bf16(const uint16_t* gate_up, int64_t gu_stride, uint16_t* out
         uint16_t* o = out + t * I;
 #pragma omp simd
         for (int64_t d = 0; d < I; d++) {
-            const float x = bf(g[d]);
-            o[d] = to_bf(round_bf(x / (1.f + exp_approx(-x))) * bf(u[d]));
+            const float x = bf16_to_f32(g[d]);
+            o[d] = f32_to_bf16(round_bf(x / (1.f + exp_approx(-x))) * bf16_to_f32(u[d]));
         }
     }
 }
@@ -113,9 +99,9 @@ void rotary_bf16(uint16_t* qk, int64_t row_stride, const uint16_t* cos, const ui
             uint16_t* x = qk + t * row_stride + h * hd;
 #pragma omp simd
             for (int64_t d = 0; d < half; d++) {
-                const float x1 = bf(x[d]), x2 = bf(x[half + d]);
-                x[d] = to_bf(round_bf(x1 * bf(c[d])) + round_bf(x2 * bf(s[d])));
-                x[half + d] = to_bf(round_bf(x2 * bf(c[half + d])) + round_bf(x1 * bf(s[half + d])));
+                const float x1 = bf16_to_f32(x[d]), x2 = bf16_to_f32(x[half + d]);
+                x[d] = f32_to_bf16(round_bf(x1 * bf16_to_f32(c[d])) + round_bf(x2 * bf16_to_f32(s[d])));
+                x[half + d] = f32_to_bf16(round_bf(x2 * bf16_to_f32(c[half + d])) + round_bf(x1 * bf16_to_f32(s[half + d])));
             }
         }
     }
