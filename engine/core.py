@@ -16,6 +16,7 @@ core never imports a tokenizer.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -132,7 +133,9 @@ class EngineCore:
         forward, sampling or stop checks failed for reasons of those requests (engine/step_failures.py)."""
         out = self.scheduler.schedule()
         try:
+            began = time.perf_counter()
             result = self.runner.execute(out)
+            self.scheduler.step_costs.observe(out, time.perf_counter() - began)
             return self.scheduler.update(out, result)
         except Exception as e:
             if is_fatal(e):

@@ -55,6 +55,11 @@ class SchedulerConfig:
     """Serving mode: prompt tokens one step may compute while any running request is generating
     (0: only the step budget limits them). A prompt step stalls every stream for its whole
     length; this bounds the stall (the engine process defaults to it, offline runs do not)."""
+    prefill_stall_factor: float = 0.0
+    """Serving mode, in time: while streams generate, a step with prompt tokens may take at most this
+    many times a decode-only step, as measured on this host as the engine runs
+    (engine/scheduling/step_cost.py); max_prefill_tokens_while_decoding stays the cap in tokens.
+    0: the token cap alone."""
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -78,6 +83,8 @@ class SchedulerConfig:
             raise ValueError("long_prefill_token_threshold must be non-negative")
         if self.max_prefill_tokens_while_decoding < 0:
             raise ValueError("max_prefill_tokens_while_decoding must be non-negative")
+        if self.prefill_stall_factor and self.prefill_stall_factor <= 1.0:
+            raise ValueError("prefill_stall_factor must be above 1 (or 0: off)")
 
 
 @dataclass(frozen=True)

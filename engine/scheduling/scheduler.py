@@ -30,6 +30,7 @@ from engine.scheduling.preemption import pick_victim, plan_room, preempt_kind, v
 from engine.scheduling.request_checks import RequestRejected, validate_request
 from engine.scheduling.sample_group import SampleGroup, SampleState, make_delta, sample_ids, split_samples
 from engine.scheduling.step_builder import StepBuilder, serving_prefill_budget
+from engine.scheduling.step_cost import StepCosts
 from engine.scheduling.stop_conditions import finish_status
 
 __all__ = ["RequestRejected", "Scheduler", "SchedulerConfig", "SchedulerStats"]
@@ -65,6 +66,7 @@ class Scheduler:
         self._next_seq = 0
         self._finished_ids: list[str] = []
         self._counters = Counters()
+        self.step_costs = StepCosts()  # fed by EngineCore with each step's time: the serving time budget
 
     # -- requests in and out -------------------------------------------------------------
 
@@ -116,7 +118,7 @@ class Scheduler:
         now = self._clock()
         self.bm.end_step()
         step = StepBuilder(budget=self.config.max_num_batched_tokens, chunk_cap=self.config.long_prefill_token_threshold,
-                           prefill_budget=serving_prefill_budget(self.config, self.running))
+                           prefill_budget=serving_prefill_budget(self.config, self.running, self.step_costs))
         if self.config.policy == "priority":
             self._preempt_for_urgent(now, step)
         if not self._schedule_running(step):

@@ -13,6 +13,7 @@ from engine.outputs import ScheduledChunk, SchedulerOutput
 from engine.request import Request
 from engine.scheduling.block_manager import BlockPairs
 from engine.scheduling.config import SchedulerConfig
+from engine.scheduling.step_cost import StepCosts
 
 
 @dataclass
@@ -77,9 +78,10 @@ class StepBuilder:
         )
 
 
-def serving_prefill_budget(config: SchedulerConfig, running: list[Request]) -> int | None:
-    """The serving mode's prompt-token bound for a step: set while any running stream generates."""
+def serving_prefill_budget(config: SchedulerConfig, running: list[Request], costs: StepCosts) -> int | None:
+    """The serving mode's prompt-token bound for a step: set while any running stream generates; in
+    time (prefill_stall_factor, from the measured step costs) under the token cap."""
     cap = config.max_prefill_tokens_while_decoding
     if cap and any(r.num_computed_tokens >= r.num_prompt_tokens for r in running):
-        return cap
+        return costs.prompt_budget(config.prefill_stall_factor, cap) if config.prefill_stall_factor else cap
     return None

@@ -23,11 +23,14 @@ from shared.cli_env import add_env_twins
 
 log = logging.getLogger("pageserve.engine")
 
-# Serving default of --max-prefill-while-decoding: how many prompt tokens one step may add while streams
-# generate. Measured through the gateway (8 concurrent streams, 128-token prompts, float32, quiet AVX-512
-# host): 256 gave ITL p50 47 ms, p99 213 ms (4.5x); 64 gave p50 46 ms, p99 124 ms (2.7x) for 4% less
-# throughput. The full 2,048-token budget stalled every stream for ~1 s.
-SERVING_PREFILL_BUDGET = 64
+# Serving defaults: while streams generate, a step with prompt tokens may take at most SERVING_STALL_FACTOR
+# times a decode-only step, as the engine measures its steps on this host (engine/scheduling/step_cost.py),
+# and never more than SERVING_PREFILL_BUDGET prompt tokens. A token count alone bounds the stall differently
+# on each host: 64 tokens gave p99 ITL 2.7x the median on an AVX-512 Xeon and 3.5x on a Zen 4 EPYC (8
+# concurrent streams, 128-token prompts, float32, through the gateway); on the EPYC the time budget at 2.5x
+# gave 2.8x, with 2% more throughput and a lower median TTFT (361 vs 429 ms), in one sitting.
+SERVING_PREFILL_BUDGET = 256
+SERVING_STALL_FACTOR = 2.5
 
 
 def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
@@ -47,6 +50,9 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     p.add_argument("--max-prefill-while-decoding", type=int, default=SERVING_PREFILL_BUDGET,
                    help="prompt tokens a step may compute while streams are generating: bounds the stall a "
                         "new prompt causes them (0: only the step budget)")
+    p.add_argument("--prefill-stall-factor", type=float, default=SERVING_STALL_FACTOR,
+                   help="while streams generate, a step with prompt tokens may take at most this many times a "
+                        "decode-only step, as measured on this host (0: --max-prefill-while-decoding alone)")
     p.add_argument("--no-prefix-caching", action="store_true", help="never reuse KV blocks of equal prompt prefixes")
     p.add_argument("--policy", default="priority", choices=["priority", "fcfs"],
                    help="admission order: (aged) priority then fair share, or arrival only")
