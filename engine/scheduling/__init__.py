@@ -5,6 +5,7 @@ tested fast on any machine. It sees requests as token counts and block ids, neve
 
     scheduler.py        Scheduler.schedule() -> SchedulerOutput; update(output, result) -> deltas
     step_builder.py     the step being assembled: chunks under a token budget, block moves
+    step_cost.py        what steps cost on this host (timed by EngineCore): the serving prefill budget in time
     fair_queue.py       the waiting queue: priority with aging, weighted fair share, arrival
     preemption.py       which running request gives its blocks back, and how (swap or recompute)
     sample_group.py     n > 1: one client request as n samples sharing prompt blocks (copy-on-write)

@@ -13,6 +13,13 @@ and `prompt_budget(stall_factor)` admits as many prompt tokens as keep a mixed s
 stall_factor x a decode-only step: few streams get short prompt chunks (their inter-token
 latency stays flat), many streams absorb long ones (first tokens come sooner). Until both
 are measured the token cap alone applies. Pure Python: no clock of its own, no torch.
+
+Off by default (--prefill-stall-factor 0), measured on a Zen 4 EPYC: at 2.5 it took p99 ITL at 8
+concurrent streams from 3.47x to 2.81x the median, but over HTTP in bfloat16 at 2 requests/s it
+starved new prompts (median TTFT 5.5 s against 0.52 s). The model is linear: a short chunk's fixed
+cost (its attention call, new product shapes) is charged to each of its few tokens, the per-token
+estimate grows, and the budget it yields shrinks itself. Before it can be the default it needs an
+affine fit (overhead + per token over recent mixed steps) and a floor that keeps up with arrivals.
 """
 
 from __future__ import annotations
