@@ -21,7 +21,9 @@ rounding (summation order differs from PyTorch's). bfloat16 tensors are widened 
 float32 as the tiles are copied (the copy happens for float32 too), everything runs in
 float32 and each output is rounded to bfloat16 once: on an AMD EPYC with AVX512-BF16,
 PyTorch's bfloat16 attention took 626 ms of a 2,048-token prompt step where this kernel
-takes about as long as its float32 run (~290 ms).
+takes about as long as its float32 run (~290 ms). Where the build has AVX512-BF16, a bfloat16
+tile's S = Q . K^T instead comes from the tensors' own bfloat16 pairs by `_mm512_dpbf16_ps`
+(exact products summed in float32; `NativePrefill.dot_products`), P . V as above.
 
 pageserve_kernels/csrc/prefill_attention.c, compiled on first use (pageserve_kernels/native_build.py); without AVX2+FMA, a compiler,
 or with PAGESERVE_NATIVE_KERNELS=0, `load()` returns None and chunks keep
