@@ -54,8 +54,8 @@ class NativePrefill:
         p, i = ctypes.c_void_p, ctypes.c_int64
         self._fns = {torch.float32: lib.prefill_attention_f32, torch.bfloat16: lib.prefill_attention_bf16}
         args = [p, i, p, p, p, p, p, p, p, i, i, i, i, i, i, ctypes.c_float, ctypes.c_int]
-        for fn, extra in ((lib.prefill_attention_f32, []), (lib.prefill_attention_bf16, [ctypes.c_int])):
-            fn.restype, fn.argtypes = None, args + extra
+        for dtype, fn in self._fns.items():  # the bfloat16 entry takes one more: dot_products
+            fn.restype, fn.argtypes = None, args + ([ctypes.c_int] if dtype == torch.bfloat16 else [])
         self.has_dot_products = bool(lib.prefill_attention_has_dpbf16())
         """bfloat16 Q . K^T by AVX512-BF16 dot products is compiled in (the host has the instructions)."""
         self.dot_products = self.has_dot_products

@@ -1,4 +1,4 @@
-/* bfloat16 <-> float32 element access, shared by the attention kernels that read either dtype. */
+/* bfloat16 <-> float32 element access, shared by the C kernels that read bfloat16 (both attentions, fused_bf16). */
 #ifndef PAGESERVE_BF16_ELEM_H
 #define PAGESERVE_BF16_ELEM_H
 

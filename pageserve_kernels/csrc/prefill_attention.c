@@ -1,6 +1,7 @@
 /* Causal attention of prompt chunks over the paged KV cache, AVX2 + FMA (bound by kernels/cpu_prefill.py).
-   float32 or bfloat16 queries, K/V and output; the products and the softmax always run in float32
-   (bfloat16 rows are widened as they are copied into the tiles' scratch, which happens for float32 too).
+   float32 or bfloat16 queries, K/V and output; the softmax and every sum run in float32. bfloat16 rows are
+   widened as they are copied into the tiles' scratch (which happens for float32 too), except that with
+   AVX512-BF16 the keys and queries stay bfloat16 pairs for Q . K^T (scores_dpbf16: exact products, float32 sums).
    The module docstring there explains the algorithm; compiled by kernels/native_build.py. */
 #include <immintrin.h>
 #include <math.h>
