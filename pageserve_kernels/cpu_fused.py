@@ -39,7 +39,9 @@ FLAGS = native_build.EXACT_FLAGS  # no FMA contraction or reassociation: results
 class NativeFused:
     """ctypes bindings of one compiled library of these ops (float32 here, bfloat16 in
     pageserve_kernels/cpu_fused_bf16.py: the same C signatures, named `<op>_<suffix>`);
-    each call checks shapes, strides and dtypes first."""
+    each call checks shapes, strides and dtypes first. `dtype` is the model's (weights and
+    activations); the residual stream and the rotary tables are float32 for every model
+    (pageserve_kernels/fused_reference.py says why)."""
 
     def __init__(self, lib: ctypes.CDLL, dtype: torch.dtype = torch.float32, suffix: str = "f32") -> None:
         p, i, f, n = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
@@ -59,17 +61,19 @@ class NativeFused:
                 self._fn[name] = fn
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:  # (T, H) -> (T, H)
+        """x: the float32 residual stream; the output is in the model dtype."""
         t, h = x.shape
-        self._check_rows(x, weight)
-        out = torch.empty((t, h), dtype=x.dtype)
+        self._check_rows(x, weight, torch.float32)
+        out = torch.empty((t, h), dtype=self.dtype)
         self._fn["rms_norm"](x.data_ptr(), x.stride(0), weight.data_ptr(), out.data_ptr(), t, h, eps, _threads())
         return out
 
     def add_rms_norm_(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
-        """residual += x; x = rms_norm(residual) * weight; both (T, H) contiguous, overwritten."""
-        self._check_rows(x, weight)
+        """residual += x; x = rms_norm(residual) * weight; both (T, H) contiguous, overwritten;
+        x in the model dtype, residual float32."""
+        self._check_rows(x, weight, self.dtype)
         assert x.is_contiguous() and residual.is_contiguous() and residual.shape == x.shape
-        assert residual.dtype == self.dtype
+        assert residual.dtype == torch.float32
         t, h = x.shape
         self._fn["add_rms_norm"](x.data_ptr(), residual.data_ptr(), weight.data_ptr(), t, h, eps, _threads())
 
@@ -81,10 +85,10 @@ class NativeFused:
         return out
 
     def rotary_(self, qk: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> None:
-        """qk (T, heads, hd), heads contiguous, rotated in place; cos, sin_signed (T, 1, hd) or (T, hd)."""
+        """qk (T, heads, hd), heads contiguous, rotated in place; cos, sin_signed (T, 1, hd) or (T, hd), float32."""
         t, heads, hd = qk.shape
         cos, sin_signed = cos.reshape(t, hd), sin_signed.reshape(t, hd)
-        assert qk.dtype == cos.dtype == sin_signed.dtype == self.dtype and hd % 2 == 0
+        assert qk.dtype == self.dtype and cos.dtype == sin_signed.dtype == torch.float32 and hd % 2 == 0
         assert qk.stride(2) == 1 and qk.stride(1) == hd
         assert cos.stride(1) == sin_signed.stride(1) == 1 and cos.stride(0) == sin_signed.stride(0)
         self._fn["rotary"](qk.data_ptr(), qk.stride(0), cos.data_ptr(), sin_signed.data_ptr(), cos.stride(0), t,
@@ -101,8 +105,8 @@ class NativeFused:
         self._fn["argmax_rows"](x.data_ptr(), x.stride(0), n, v, out.data_ptr(), _threads())
         return out
 
-    def _check_rows(self, x: torch.Tensor, weight: torch.Tensor) -> None:
-        assert x.dtype == weight.dtype == self.dtype and x.dim() == 2 and x.stride(1) == 1
+    def _check_rows(self, x: torch.Tensor, weight: torch.Tensor, x_dtype: torch.dtype) -> None:
+        assert x.dtype == x_dtype and weight.dtype == self.dtype and x.dim() == 2 and x.stride(1) == 1
         assert weight.is_contiguous() and weight.shape == (x.shape[1],)
 
 

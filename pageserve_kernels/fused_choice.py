@@ -20,13 +20,14 @@ ROWS = 64  # a decode batch: the calls a step makes most often
 _PICKS: dict[tuple[str, torch.dtype, tuple[int, ...]], bool] = {}
 
 
-def native_wins(op: str, native: object, x: torch.Tensor) -> bool:
-    key = (op, x.dtype, tuple(x.shape[1:]))
+def native_wins(op: str, native: object, dtype: torch.dtype, tail: tuple[int, ...]) -> bool:
+    """Whether the C kernel of `op` for a `dtype` model and rows of shape `tail` is the faster here."""
+    key = (op, dtype, tail)
     pick = _PICKS.get(key)
     if pick is None:
-        dtype = str(x.dtype).removeprefix("torch.")
-        made = choice.choose(f"fused_{op}", f"{dtype} width={list(x.shape[1:])} rows={ROWS}", ["c", "torch"],
-                             lambda: _timers(op, native, x.dtype, tuple(x.shape[1:])))
+        name = str(dtype).removeprefix("torch.")
+        made = choice.choose(f"fused_{op}", f"{name} width={list(tail)} rows={ROWS}", ["c", "torch"],
+                             lambda: _timers(op, native, dtype, tail))
         pick = _PICKS[key] = made.pick == "c"
     return pick
 
@@ -34,23 +35,23 @@ def native_wins(op: str, native: object, x: torch.Tensor) -> bool:
 def _timers(op: str, native: object, dtype: torch.dtype, tail: tuple[int, ...]) -> dict[str, Callable[[], object]]:
     from pageserve_kernels import fused_reference as f
 
-    def rand(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape).to(dtype)
+    def rand(*shape: int, as_dtype: torch.dtype = dtype) -> torch.Tensor:
+        return torch.randn(*shape).to(as_dtype)
 
     x = rand(ROWS, *tail)
-    if op == "rms_norm":
-        w = rand(tail[-1])
-        return {"c": lambda: native.rms_norm(x, w, 1e-5),  # type: ignore[attr-defined]
-                "torch": lambda: f.rms_norm_reference(x, w, 1e-5)}
+    if op == "rms_norm":  # its input is the float32 residual stream
+        stream, w = rand(ROWS, *tail, as_dtype=torch.float32), rand(tail[-1])
+        return {"c": lambda: native.rms_norm(stream, w, 1e-5),  # type: ignore[attr-defined]
+                "torch": lambda: f.rms_norm_reference(stream, w, 1e-5)}
     if op == "add_rms_norm":
-        r, w = rand(ROWS, *tail), rand(tail[-1])
+        r, w = rand(ROWS, *tail, as_dtype=torch.float32), rand(tail[-1])
         return {"c": lambda: native.add_rms_norm_(x, r, w, 1e-5),  # type: ignore[attr-defined]
                 "torch": lambda: f.fused_add_rms_norm_reference(x, r, w, 1e-5)}
     if op == "silu_and_mul":
         return {"c": lambda: native.silu_and_mul(x),  # type: ignore[attr-defined]
                 "torch": lambda: f.silu_and_mul_reference(x)}
     if op == "rotary":
-        cos, sin = rand(ROWS, 1, tail[-1]), rand(ROWS, 1, tail[-1])
+        cos, sin = rand(ROWS, 1, tail[-1], as_dtype=torch.float32), rand(ROWS, 1, tail[-1], as_dtype=torch.float32)
         return {"c": lambda: native.rotary_(x, cos, sin),  # type: ignore[attr-defined]
                 "torch": lambda: f.rotary_reference(x, cos, sin)}
     raise ValueError(f"no fused op {op!r}")

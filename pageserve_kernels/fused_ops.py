@@ -26,8 +26,9 @@ from pageserve_kernels.fused_reference import (  # re-exported: the layers' fall
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:  # (T, H) -> (T, H)
-    native = _native(x, "rms_norm")
-    if native is None or x.dim() != 2 or x.stride(1) != 1:
+    """x: the float32 residual stream; the output is in the model's (the weight's) dtype."""
+    native = _native(x, weight.dtype, "rms_norm")
+    if native is None or x.dim() != 2 or x.stride(1) != 1 or x.dtype != torch.float32:
         return rms_norm_reference(x, weight, eps)
     return native.rms_norm(x, weight, eps)
 
@@ -35,25 +36,28 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 def fused_add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:  # (T, H) x2 -> normed, new residual
-    """residual = residual + x; returns (rms_norm(residual), residual): one pass instead of two ops."""
-    native = _native(x, "add_rms_norm")
-    if native is None or x.dim() != 2 or residual.dtype != x.dtype or not (x.is_contiguous() and residual.is_contiguous()):
+    """residual = residual + x; returns (rms_norm(residual), residual): one pass instead of two ops.
+    x in the model dtype, residual float32 (the stream)."""
+    native = _native(x, x.dtype, "add_rms_norm")
+    if (native is None or x.dim() != 2 or residual.dtype != torch.float32
+            or not (x.is_contiguous() and residual.is_contiguous())):
         return fused_add_rms_norm_reference(x, residual, weight, eps)
     native.add_rms_norm_(x, residual, weight, eps)
     return x, residual
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:  # (T, 2 I) -> (T, I)
-    native = _native(gate_up, "silu_and_mul")
+    native = _native(gate_up, gate_up.dtype, "silu_and_mul")
     if native is None or gate_up.dim() != 2 or gate_up.stride(1) != 1:
         return silu_and_mul_reference(gate_up)
     return native.silu_and_mul(gate_up)
 
 
 def rotate_qk(qk: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
-    """qk (T, heads, hd) rotated by its rows' angles; cos, sin_signed (T, 1, hd) from RotaryEmbedding.lookup."""
-    native = _native(qk, "rotary")
-    if native is None or qk.dim() != 3 or qk.stride(2) != 1 or qk.stride(1) != qk.shape[2]:
+    """qk (T, heads, hd) rotated by its rows' angles; cos, sin_signed (T, 1, hd) float32 from RotaryEmbedding.lookup."""
+    native = _native(qk, qk.dtype, "rotary")
+    if (native is None or qk.dim() != 3 or qk.stride(2) != 1 or qk.stride(1) != qk.shape[2]
+            or cos.dtype != torch.float32):
         return rotary_reference(qk, cos, sin_signed)
     native.rotary_(qk, cos, sin_signed)
     return qk
@@ -61,22 +65,22 @@ def rotate_qk(qk: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> 
 
 def argmax_rows(x: torch.Tensor) -> torch.Tensor:  # (N, V) -> (N,) int64
     """Each row's first index of its maximum (NaN counts as the maximum), as torch.argmax(-1)."""
-    native = _native(x, "")
+    native = _native(x, x.dtype, "")
     if native is None or not native.has_argmax or x.dim() != 2 or x.stride(1) != 1 or x.shape[1] == 0:
         return x.argmax(-1)
     return native.argmax(x)
 
 
-def _native(x: torch.Tensor, op: str) -> NativeFused | None:
-    """The C kernels when they cover this tensor (float32 or bfloat16 on the CPU), built here, and
-    measured faster than PyTorch for this op, dtype and row width on this host (fused_choice.py)."""
+def _native(x: torch.Tensor, dtype: torch.dtype, op: str) -> NativeFused | None:
+    """The C kernels of a `dtype` model (float32 or bfloat16) when x is on the CPU, built here, and
+    measured faster than PyTorch for this op, dtype and x's row width on this host (fused_choice.py)."""
     if not x.is_cpu:  # is_cpu: 3x cheaper than device.type, ~120 calls a step
         return None
     native: NativeFused | None = None
-    if x.dtype == torch.float32:
+    if dtype == torch.float32:
         native = cpu_fused.load()
-    elif x.dtype == torch.bfloat16:
+    elif dtype == torch.bfloat16:
         native = cpu_fused_bf16.load()
     if native is None or not op:
         return native
-    return native if fused_choice.native_wins(op, native, x) else None
+    return native if fused_choice.native_wins(op, native, dtype, tuple(x.shape[1:])) else None

@@ -10,28 +10,29 @@ import torch.nn.functional as F
 
 
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    if x.dtype == torch.float32:
+    """x (T, H): the float32 residual stream (or the model dtype); returns the weight's dtype."""
+    if x.dtype == weight.dtype == torch.float32:
         return F.rms_norm(x, weight.shape, weight, eps)
-    # Half precision: normalise in float32, round, then scale (what HF does, so outputs match).
     x32 = x.float()
-    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * x32.to(x.dtype)
+    return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(weight.dtype)
 
 
 def fused_add_rms_norm_reference(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    residual = residual + x
+    """residual (float32) + x (the model dtype) -> (rms_norm(residual) in the weight's dtype, residual)."""
+    residual = residual + x.to(residual.dtype)
     return rms_norm_reference(residual, weight, eps), residual
 
 
 def silu_and_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:
     i = gate_up.shape[-1] // 2
-    return F.silu(gate_up[..., :i]) * gate_up[..., i:]
+    return (F.silu(gate_up[..., :i].float()) * gate_up[..., i:].float()).to(gate_up.dtype)
 
 
 def rotary_reference(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
-    """x * [cos | cos] + [x2 | x1] * [-sin | sin]; returns a new contiguous tensor."""
+    """x * [cos | cos] + [x2 | x1] * [-sin | sin] with float32 tables; a new contiguous tensor of x's dtype."""
     half = x.shape[-1] // 2
-    swapped = torch.cat((x[..., half:], x[..., :half]), dim=-1)  # [x2 | x1]
-    return x * cos + swapped * sin_signed
+    x32 = x.float()
+    swapped = torch.cat((x32[..., half:], x32[..., :half]), dim=-1)  # [x2 | x1]
+    return (x32 * cos + swapped * sin_signed).to(x.dtype)

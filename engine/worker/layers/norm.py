@@ -1,4 +1,6 @@
-"""RMSNorm (Llama's): x / rms(x) * weight, statistics in float32, optionally fused with the residual add."""
+"""RMSNorm (Llama's): x / rms(x) * weight, statistics in float32, optionally fused with the residual add.
+
+Its input is the float32 residual stream; its output is in the model dtype (the weight's)."""
 
 from __future__ import annotations
 
@@ -18,5 +20,6 @@ class RMSNorm(nn.Module):
         return rms_norm(x, self.weight, self.eps)
 
     def add_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(norm(residual + x), residual + x), both (T, H); x and residual may be overwritten."""
+        """(norm(residual + x), residual + x), both (T, H): the first in the model dtype, the second
+        float32 as `residual` is; x and residual may be overwritten."""
         return fused_add_rms_norm(x, residual, self.weight, self.eps)

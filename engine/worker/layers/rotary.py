@@ -1,7 +1,8 @@
 """Rotary position embedding (non-interleaved halves, as in HF Llama), with rope scaling.
 
 cos/sin are tabulated once for every position up to max_position, in float32 as
-HF computes them, then rounded to the model dtype. A step looks its positions up
+HF computes them, and stay float32 for every model dtype (the rotation computes in float32 and
+rounds once: pageserve_kernels/fused_reference.py). A step looks its positions up
 once (`lookup`) and every layer reuses the result; pageserve_kernels/fused_ops.py
 `rotate_qk` applies it.
 
@@ -51,14 +52,14 @@ def _llama3(inv_freq: torch.Tensor, factor: float, scaling: dict[str, Any]) -> t
 
 class RotaryEmbedding:
     def __init__(
-        self, head_dim: int, max_position: int, theta: float, scaling: dict[str, Any] | None, dtype: torch.dtype,
+        self, head_dim: int, max_position: int, theta: float, scaling: dict[str, Any] | None,
         device: torch.device | str = "cpu",
     ) -> None:
         inv_freq = inverse_frequencies(head_dim, theta, scaling)
         freqs = torch.arange(max_position, dtype=torch.int64).float()[:, None] * inv_freq[None, :]  # (P, hd/2)
         cos, sin = freqs.cos(), freqs.sin()
-        self.cos = torch.cat((cos, cos), dim=-1).to(dtype=dtype, device=device)  # (P, hd)
-        self.sin_signed = torch.cat((-sin, sin), dim=-1).to(dtype=dtype, device=device)  # (P, hd)
+        self.cos = torch.cat((cos, cos), dim=-1).to(device=device)  # (P, hd) float32
+        self.sin_signed = torch.cat((-sin, sin), dim=-1).to(device=device)  # (P, hd) float32
         self.max_position = max_position
 
     def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

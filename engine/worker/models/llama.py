@@ -8,6 +8,9 @@
 Each residual add is fused into the norm that follows it (vLLM's pattern): a
 layer takes and returns (h, residual), where the stream above is x = h + residual,
 and `RMSNorm.add_norm` does residual += h; h = norm(residual) in one pass.
+The residual stream is float32 whatever the model dtype; h, the weights and the KV cache
+are in the model dtype (pageserve_kernels/fused_reference.py: one rounding per op, which
+keeps a bfloat16 model's greedy tokens closer to the float32 model's).
 The batch is flat: T tokens of many requests, positions given per token; which
 rows belong to which request is the attention metadata's business. The model
 also owns its cost arithmetic (`LlamaShape.kv_bytes_per_token`, `flops_per_token`).
@@ -105,9 +108,10 @@ class DecoderLayer(nn.Module):
         self.mlp = GatedMLP(s.hidden_size, s.intermediate_size, dtype)
 
     def forward(self, h, residual, cos, sin_signed, kv_cache, meta, paged_attention):  # type: ignore[no-untyped-def]
-        """(h, residual) -> (h, residual), each (T, H); residual None in the first layer (h is then x)."""
+        """(h, residual) -> (h, residual), each (T, H), residual float32; None in the first layer (h is then x)."""
         if residual is None:
-            h, residual = self.input_norm(h), h
+            residual = h.float()  # h itself for a float32 model: the norm below writes a new tensor
+            h = self.input_norm(residual)
         else:
             h, residual = self.input_norm.add_norm(h, residual)
         h = self.attn(h, cos, sin_signed, kv_cache, meta, paged_attention)
@@ -125,7 +129,7 @@ class LlamaModel(nn.Module):
         # Tied models share the embedding matrix (the loader points lm_head at it).
         self.lm_head = nn.Parameter(torch.empty(0, dtype=dtype), requires_grad=False)
         self.lm_head_packed: Packed | None = None
-        self.rotary = RotaryEmbedding(shape.head_dim, max_position, shape.rope_theta, shape.rope_scaling, dtype)
+        self.rotary = RotaryEmbedding(shape.head_dim, max_position, shape.rope_theta, shape.rope_scaling)
 
     def forward(
         self,
@@ -134,12 +138,12 @@ class LlamaModel(nn.Module):
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],  # per layer: (num_blocks, block_size, n_kv, hd) x2
         meta: AttentionMetadata,
         paged_attention: PagedAttentionOp,
-    ) -> torch.Tensor:  # (T, H), before the final norm
+    ) -> torch.Tensor:  # (T, H) float32, before the final norm
         h, residual = self.embed_tokens(input_ids), None  # (T, H)
         cos, sin_signed = self.rotary.lookup(positions)  # (T, 1, hd) each, shared by every layer
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             h, residual = layer(h, residual, cos, sin_signed, kv_cache, meta, paged_attention)
-        return h if residual is None else residual + h
+        return h.float() if residual is None else residual + h
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:  # (T,) -> (T, H)
         """The embedding lookup (a tensor-parallel model overrides it: engine/worker/parallel/layers.py)."""
@@ -156,5 +160,5 @@ class LlamaModel(nn.Module):
             layer.mlp.pack_weights()
         self.lm_head_packed = pack(self.lm_head)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # (N, H) sampled rows -> (N, V) float32
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # (N, H) float32 sampled rows -> (N, V) float32
         return linear(self.norm(hidden), self.lm_head, self.lm_head_packed).float()
