@@ -77,9 +77,20 @@ def cpu_model() -> str:
 
 
 def host_key() -> str:
-    """What makes timings of this host comparable: CPU model and flags, torch version, threads."""
-    parts = [cpu_model(), cpu_flags_line(), torch.__version__, str(torch.get_num_threads())]
+    """What makes timings of this host comparable: CPU model and flags, torch version, threads, and
+    the kernels' code (a changed kernel or reference is timed anew, not judged by its old rate)."""
+    parts = [cpu_model(), cpu_flags_line(), torch.__version__, str(torch.get_num_threads()), kernels_code_digest()]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
+
+
+@functools.cache
+def kernels_code_digest() -> str:
+    """A digest of this package's Python and C sources: the candidates every choice times."""
+    root = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for path in sorted([*root.glob("*.py"), *root.glob("csrc/*")]):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def measure(candidates: Mapping[str, Callable[[], object]], min_rounds: int = MIN_ROUNDS,

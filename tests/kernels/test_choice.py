@@ -71,7 +71,25 @@ def test_the_host_key_changes_with_cpu_flags_torch_version_and_threads(monkeypat
     monkeypatch.setattr(torch, "get_num_threads", lambda: 97)
     threads = choice.host_key()
     monkeypatch.setattr(choice, "cpu_model", lambda: "Another CPU")
-    assert len({base, flags, version, threads, choice.host_key()}) == 5
+    model = choice.host_key()
+    monkeypatch.setattr(choice, "kernels_code_digest", lambda: "a changed kernel")
+    assert len({base, flags, version, threads, model, choice.host_key()}) == 6
+
+
+def test_the_code_digest_follows_the_kernel_sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A changed C kernel or reference is timed anew: its old pick says nothing about its new rate."""
+    (tmp_path / "csrc").mkdir()
+    (tmp_path / "csrc" / "k.c").write_text("int f(void) { return 1; }")
+    (tmp_path / "ref.py").write_text("x = 1")
+    monkeypatch.setattr(choice, "__file__", str(tmp_path / "choice.py"))
+    digests = []
+    for change in (None, ("csrc/k.c", "int f(void) { return 2; }"), ("ref.py", "x = 2")):
+        if change:
+            (tmp_path / change[0]).write_text(change[1])
+        choice.kernels_code_digest.cache_clear()
+        digests.append(choice.kernels_code_digest())
+    choice.kernels_code_digest.cache_clear()
+    assert len(set(digests)) == 3
 
 
 def test_retune_measures_again_and_replaces_the_cached_pick(monkeypatch: pytest.MonkeyPatch) -> None:
