@@ -66,7 +66,7 @@ class Scheduler:
         self._next_seq = 0
         self._finished_ids: list[str] = []
         self._counters = Counters()
-        self.step_costs = StepCosts()  # fed by EngineCore with each step's time: the serving time budget
+        self.step_costs = StepCosts(config.prefill_stall_factor)  # fed by EngineCore with each step's time
 
     # -- requests in and out -------------------------------------------------------------
 
@@ -85,6 +85,7 @@ class Scheduler:
             self._live[sample.request_id] = SampleState(sample, group, i, self._next_seq, now)
             self._next_seq += 1
         self.waiting.push(group.leader, self._seq_of(group.leader), now)
+        self.step_costs.note_arrival(now, req.num_prompt_tokens)
 
     def abort_requests(self, request_ids: list[str]) -> list[RequestDelta]:
         """Abort client requests (every sample); unknown or finished ids are ignored."""

@@ -83,5 +83,5 @@ def serving_prefill_budget(config: SchedulerConfig, running: list[Request], cost
     time (prefill_stall_factor, from the measured step costs) under the token cap."""
     cap = config.max_prefill_tokens_while_decoding
     if cap and any(r.num_computed_tokens >= r.num_prompt_tokens for r in running):
-        return costs.prompt_budget(config.prefill_stall_factor, cap) if config.prefill_stall_factor else cap
+        return costs.prompt_budget(cap)
     return None

@@ -4,27 +4,31 @@ A prompt step stalls every generating stream for its whole length. A fixed token
 bounds that stall differently on every host and load (64 prompt tokens stretched a decode
 step 2.7x on an AVX-512 Xeon, 3.1x on a Zen 4 EPYC at 8 streams; with 64 streams the same
 64 tokens barely show). So the engine times its own steps (EngineCore feeds `observe`) and
-keeps two running estimates:
+`prompt_budget(stall_factor, cap)` admits as many prompt tokens as keep a step that carries
+them under stall_factor x a decode-only step:
 
-    decode_step_s    a decode-only step, as the batch runs now            (EWMA)
-    prompt_token_s   the extra seconds one prompt token adds to a step     (EWMA over mixed steps)
+    decode_step_s   a decode-only step as the batch runs now (EWMA): more streams, longer steps,
+                    more room for prompt tokens beside them
+    budget          prompt tokens a step may carry, learnt by feedback: after a step that used
+                    (nearly) its whole budget, or overran the factor anyway, scale what it carried
+                    by (F - 1) / (its stall - 1), where stall = its seconds / decode_step_s
+    arrivals        prompt tokens arriving per second (the last ARRIVAL_WINDOW_S of arrivals):
+                    the budget never drops below what arrives per step, or the queue only grows
 
-and `prompt_budget(stall_factor)` admits as many prompt tokens as keep a mixed step under
-stall_factor x a decode-only step: few streams get short prompt chunks (their inter-token
-latency stays flat), many streams absorb long ones (first tokens come sooner). Until both
-are measured the token cap alone applies. Pure Python: no clock of its own, no torch.
-
-Off by default (--prefill-stall-factor 0), measured on a Zen 4 EPYC: at 2.5 it took p99 ITL at 8
-concurrent streams from 3.47x to 2.81x the median, but over HTTP in bfloat16 at 2 requests/s it
-starved new prompts (median TTFT 5.5 s against 0.52 s). The model is linear: a short chunk's fixed
-cost (its attention call, new product shapes) is charged to each of its few tokens, the per-token
-estimate grows, and the budget it yields shrinks itself. Before it can be the default it needs an
-affine fit (overhead + per token over recent mixed steps) and a floor that keeps up with arrivals.
+Why feedback and not a cost model: a step's extra time is affine in its prompt tokens (a
+chunk's attention call and new product shapes cost something whatever its length). The
+linear model this replaced charged that fixed part to each token of the short tail chunks,
+so its per-token estimate grew and its budget shrank itself (median TTFT 5.5 s against
+0.52 s over HTTP at 2 requests/s). Learning only from steps that filled the budget (or
+overran) needs no model of the fixed part: its fixed point is where a full step takes F
+decode steps, and tail chunks, which say nothing about the limit, are ignored.
+Pure Python: no clock of its own (the scheduler's, for arrivals; EngineCore's, for steps), no torch.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 
 from engine.outputs import SchedulerOutput
 
@@ -32,35 +36,71 @@ SMOOTHING = 0.2
 """Weight of the newest step in each running estimate: about the last ten steps count."""
 MIN_PROMPT_TOKENS = 16
 """A step that carries prompt tokens at all carries at least this many (a prompt always moves)."""
+FIRST_PROMPT_TOKENS = 64
+"""The budget until a step has measured it: what stretched a decode step about 3x on the hosts measured
+(starting from the cap instead stalled every stream for a whole 256-token step before anything was learnt)."""
+FULL_STEP = 0.75
+"""A step carrying at least this share of its budget says where the limit is; shorter ones do not."""
+ARRIVAL_WINDOW_S = 10.0
+"""Arrivals this recent (before the newest one) make the arrival rate."""
+ARRIVAL_MARGIN = 1.25
+"""The arrival floor admits this much more than arrives per step, so a backlog drains."""
 
 
 @dataclass
 class StepCosts:
+    stall_factor: float = 0.0
+    """F: a step carrying prompt tokens beside decodes may take F x a decode-only step (0: no
+    time budget; the token cap alone, and nothing is learnt)."""
     decode_step_s: float | None = None
     """Seconds of a decode-only step lately (None: none seen yet)."""
-    prompt_token_s: float | None = None
-    """Seconds one prompt token adds to a step beside its decodes (None: no mixed step seen yet)."""
+    budget: float | None = None
+    """Prompt tokens a step may carry beside decodes (None: no full mixed step seen yet)."""
+    arrivals: deque[tuple[float, int]] = field(default_factory=deque)
+    """(arrival time, prompt tokens) of recent requests, oldest first."""
 
     def observe(self, out: SchedulerOutput, seconds: float) -> None:
         """One executed step: its schedule and how long the runner took."""
         if not out.chunks or seconds <= 0:
             return
-        prompt_chunks = [len(c.token_ids) for c in out.chunks if len(c.token_ids) > 1]
-        prompt_tokens, decodes = sum(prompt_chunks), len(out.chunks) - len(prompt_chunks)
+        prompt_tokens = sum(len(c.token_ids) for c in out.chunks if len(c.token_ids) > 1)
+        decodes = sum(1 for c in out.chunks if len(c.token_ids) == 1)
         if prompt_tokens == 0:
             self.decode_step_s = _blend(self.decode_step_s, seconds)
-        elif decodes and self.decode_step_s is not None:
-            # a mixed step: what its prompt tokens added over the decode step it would have been
-            extra = max(seconds - self.decode_step_s, 0.0) / prompt_tokens
-            self.prompt_token_s = _blend(self.prompt_token_s, extra)
+        elif decodes and self.decode_step_s is not None and self.stall_factor > 1.0:
+            self._learn(prompt_tokens, seconds / self.decode_step_s)
 
-    def prompt_budget(self, stall_factor: float, cap: int) -> int:
-        """Prompt tokens for the next step while streams decode: the step stays under stall_factor x
-        a decode-only step; never more than `cap`, never fewer than MIN_PROMPT_TOKENS."""
-        if self.decode_step_s is None or not self.prompt_token_s:
+    def _learn(self, prompt_tokens: int, stall: float) -> None:
+        full = self.budget is None or prompt_tokens >= FULL_STEP * self.budget
+        if not (full or stall > self.stall_factor):
+            return  # a tail chunk under the limit: its fixed cost would read as a high per-token cost
+        target = prompt_tokens * (self.stall_factor - 1.0) / max(stall - 1.0, 1e-3)
+        self.budget = _blend(self.budget, max(float(MIN_PROMPT_TOKENS), target))
+
+    def note_arrival(self, now: float, prompt_tokens: int) -> None:
+        """A request was queued at `now` (the scheduler's clock): its prompt must fit into coming steps."""
+        self.arrivals.append((now, prompt_tokens))
+        while self.arrivals[0][0] < now - ARRIVAL_WINDOW_S:
+            self.arrivals.popleft()
+
+    def arrival_floor(self) -> int:
+        """Prompt tokens arriving per prompt-carrying step lately (such a step takes up to stall_factor x
+        a decode step), with a margin. The rate is the window's tokens over the whole window: a burst
+        (8 requests in one millisecond) is spread over it, not read as thousands of tokens a second that
+        would lift every step to the cap. Decode steps set the time scale, not the mean step: one
+        unbounded prompt step (no stream generating) would otherwise inflate the floor for ten steps."""
+        if self.decode_step_s is None:
+            return 0
+        tokens_per_s = sum(n for _, n in self.arrivals) / ARRIVAL_WINDOW_S
+        return int(tokens_per_s * self.stall_factor * self.decode_step_s * ARRIVAL_MARGIN)
+
+    def prompt_budget(self, cap: int) -> int:
+        """Prompt tokens for the next step while streams decode: the learnt budget, lifted to the
+        arrival floor; never more than `cap`, never fewer than MIN_PROMPT_TOKENS."""
+        if self.stall_factor <= 1.0:
             return cap
-        fit = int((stall_factor - 1.0) * self.decode_step_s / self.prompt_token_s)
-        return max(MIN_PROMPT_TOKENS, min(cap, fit))
+        learnt = FIRST_PROMPT_TOKENS if self.budget is None else int(self.budget)
+        return max(MIN_PROMPT_TOKENS, min(cap, max(learnt, self.arrival_floor())))
 
 
 def _blend(old: float | None, new: float) -> float:

@@ -23,18 +23,15 @@ from shared.cli_env import add_env_twins
 
 log = logging.getLogger("pageserve.engine")
 
-# Serving default of --max-prefill-while-decoding: how many prompt tokens one step may add while streams
-# generate. Measured through the gateway (8 concurrent streams, 128-token prompts, float32, quiet AVX-512
-# host): 256 gave ITL p50 47 ms, p99 213 ms (4.5x); 64 gave p50 46 ms, p99 124 ms (2.7x) for 4% less
-# throughput. The full 2,048-token budget stalled every stream for ~1 s. On a Zen 4 EPYC the same 64 tokens
-# gave 3.1-3.5x.
-SERVING_PREFILL_BUDGET = 64
-# --prefill-stall-factor (the budget in time, engine/scheduling/step_cost.py) stays off by default: on the
-# EPYC at 2.5 it took p99 ITL at 8 streams from 3.47x to 2.81x the median (+2% throughput), but served over
-# HTTP in bfloat16 at 2 requests/s it starved prompts (median TTFT 5.5 s against 0.52 s): its linear cost
-# model charges a short chunk's fixed overhead to each of its tokens, so the budget it computes shrinks
-# itself. It needs an affine fit (overhead + per token) and a floor that keeps up with arrivals first.
-SERVING_STALL_FACTOR = 0.0
+# Serving defaults: while streams generate, a step carrying prompt tokens may take at most
+# SERVING_STALL_FACTOR x a decode-only step, as the engine measures its own steps
+# (engine/scheduling/step_cost.py), and never carry more than SERVING_PREFILL_BUDGET prompt tokens.
+# A fixed token budget bounds the stall differently on each host and load: 64 tokens gave p99 inter-token
+# latency 2.7x the median at 8 streams on an AVX-512 Xeon, 3.1-3.5x on a Zen 4 EPYC, and held prompts back
+# when many streams ran (long decode steps, where a longer chunk barely shows).
+# `--prefill-stall-factor 0 --max-prefill-while-decoding 64` is the old fixed budget.
+SERVING_PREFILL_BUDGET = 256
+SERVING_STALL_FACTOR = 2.0
 
 
 def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:

@@ -164,14 +164,14 @@ def test_scheduler_config_passes_through(tiny_model: Path) -> None:
 
 def test_each_step_reports_its_time_to_the_schedulers_cost_model(tiny_model: Path) -> None:
     """The serving time budget learns from real steps: decode-only ones and ones carrying a prompt."""
-    llm = make_llm(tiny_model, budget=16)
+    llm = make_llm(tiny_model, budget=16, prefill_stall_factor=2.0, max_prefill_tokens_while_decoding=16)
     core = llm.core
     costs = core.scheduler.step_costs
     prompts = random_prompts([4, 40], 512)
     core.add_request(Request("a", prompts[0], SamplingParams(max_tokens=30, ignore_eos=True), 0.0))
     for _ in range(3):
         core.step()  # prompt, then decodes only
-    assert costs.decode_step_s is not None and costs.decode_step_s > 0 and costs.prompt_token_s is None
+    assert costs.decode_step_s is not None and costs.decode_step_s > 0 and costs.budget is None
     core.add_request(Request("b", prompts[1], SamplingParams(max_tokens=2, ignore_eos=True), 0.0))
     core.step()  # a's decode beside 15 of b's prompt tokens
-    assert costs.prompt_token_s is not None
+    assert costs.budget is not None

@@ -29,8 +29,10 @@ def test_defaults_are_the_components_defaults() -> None:
     config = engine_config(build_parser().parse_args([]))
     assert config.model.model == "smollm2" and config.model.max_model_len is None
     assert config.model.dtype == "auto"  # resolved at load: bfloat16 where the hardware has it
-    # the engine process serves: a new prompt may not stall the streams for a whole 2,048-token step
-    assert config.scheduler.max_prefill_tokens_while_decoding == 64
+    # the engine process serves: while streams generate, a step carrying prompt tokens may take at most
+    # 2x a decode-only step as measured (engine/scheduling/step_cost.py), and at most 256 prompt tokens
+    assert config.scheduler.max_prefill_tokens_while_decoding == 256
+    assert config.scheduler.prefill_stall_factor == 2.0
     assert config.scheduler.enable_prefix_caching is True and config.cache.num_device_blocks is None
 
 
