@@ -5,7 +5,8 @@ GEMM at every row count; an AVX-512 Xeon prefers oneDNN from 16 rows up), so a
 caller hands `choose` its candidates as zero-argument closures that run the op on
 representative inputs, and gets back the name of the fastest. The answer is
 cached on disk (`<cache>/choices/<host>.json`), keyed by the host (CPU model and
-flags, torch version, thread count) and the caller's own key (op, dtype, shape,
+flags, torch version, thread count, and a digest of this package's kernel sources,
+so a changed kernel is timed anew) and the caller's own key (op, dtype, shape,
 rows), so later starts pay nothing. Every pick is logged with its measured times.
 
 PAGESERVE_KERNEL_CHOICE="linear=onednn,fused_rms_norm=torch" forces a choice per
