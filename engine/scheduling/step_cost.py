@@ -4,7 +4,7 @@ A prompt step stalls every generating stream for its whole length. A fixed token
 bounds that stall differently on every host and load (64 prompt tokens stretched a decode
 step 2.7x on an AVX-512 Xeon, 3.1x on a Zen 4 EPYC at 8 streams; with 64 streams the same
 64 tokens barely show). So the engine times its own steps (EngineCore feeds `observe`) and
-`prompt_budget(stall_factor, cap)` admits as many prompt tokens as keep a step that carries
+`prompt_budget(cap)` admits as many prompt tokens as keep a step that carries
 them under stall_factor x a decode-only step:
 
     decode_step_s   a decode-only step as the batch runs now (EWMA): more streams, longer steps,
