@@ -63,8 +63,8 @@ class StepCosts:
         """One executed step: its schedule and how long the runner took."""
         if not out.chunks or seconds <= 0:
             return
-        prompt_tokens = sum(len(c.token_ids) for c in out.chunks if len(c.token_ids) > 1)
-        decodes = sum(1 for c in out.chunks if len(c.token_ids) == 1)
+        prompt_chunks = [len(c.token_ids) for c in out.chunks if len(c.token_ids) > 1]
+        prompt_tokens, decodes = sum(prompt_chunks), len(out.chunks) - len(prompt_chunks)
         if prompt_tokens == 0:
             self.decode_step_s = _blend(self.decode_step_s, seconds)
         elif decodes and self.decode_step_s is not None and self.stall_factor > 1.0:
