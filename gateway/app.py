@@ -37,6 +37,7 @@ from gateway.request_context import RequestContextMiddleware
 from gateway.routes import ROUTES
 from gateway.state import GatewayState, open_services
 from gateway.tenancy.errors import TenancyError
+from shared.gc_pauses import freeze_startup_objects
 
 ServicesFactory = Callable[[GatewayConfig], AbstractAsyncContextManager[GatewayState]]
 
@@ -58,6 +59,7 @@ def create_app(config: GatewayConfig, services: ServicesFactory = open_services)
             engine_holder.append(state)
             observe_routing(state.engine, metrics.routing)  # with replicas: their routing on /metrics
             lifecycle.install()
+            freeze_startup_objects()  # no full collection walks the tokenizer's or Starlette's objects
             yield {"gateway": state}
 
     middleware = [Middleware(RequestContextMiddleware, metrics=metrics, lifecycle=lifecycle,

@@ -20,6 +20,7 @@ import zmq
 from engine.serving.announce import add_announce_args, announced
 from engine.serving.server import EngineServer, ServerConfig
 from shared.cli_env import add_env_twins
+from shared.gc_pauses import freeze_startup_objects
 
 log = logging.getLogger("pageserve.engine")
 
@@ -125,6 +126,7 @@ def main(argv: list[str]) -> int:
                                                    request_deadline_s=args.request_deadline,
                                                    curve_dir=args.curve_dir))
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1 PID` prints every thread's stack: a slow step shows
+    freeze_startup_objects()  # torch's and the model's objects: one full collection of them stalled a step 86 ms
     with announced(args, server.address, core.model_info), stop_signals(server):
         return server.serve()
 

@@ -53,6 +53,7 @@ from ops.bench.workloads import (
     make_random,
 )
 from ops.launcher import free_port
+from shared.gc_pauses import freeze_startup_objects
 from shared.model_store import resolve_model
 
 console = Console(width=None if sys.stdout.isatty() else 200)  # logs keep whole rows
@@ -138,6 +139,7 @@ def run_target(target: Target, w: Workload, args: argparse.Namespace, engine_add
     out = []
     warm = [Arrival(i, WorkloadRequest(tuple(range(100, 116)), 4, w.requests[0].tenant), 0.0) for i in range(2)]
     asyncio.run(_http_run(target, warm, args, "warm-up"))  # first-step costs are no one's latency
+    freeze_startup_objects()  # the client's own full collections would read as the server's inter-token gaps
     salts = itertools.count()
     for rate in rates(args.request_rate):
         label = load_label(rate, args.concurrency)

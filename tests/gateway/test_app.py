@@ -287,3 +287,16 @@ def test_models_and_health(make_gateway: Any) -> None:
     h = gw.client.get("/health")
     assert h.status_code == 200 and h.json()["engine"]["healthy"] and h.json()["redis"]["healthy"]
     assert gw.client.get("/nope").json()["error"]["code"] == "not_found"
+
+
+def test_the_lifespan_freezes_the_start_up_objects_before_serving(make_gateway: Any) -> None:
+    """No full collection walks the tokenizer's, Starlette's and pydantic's objects mid-stream."""
+    import gc
+
+    gc.unfreeze()
+    try:
+        gw = make_gateway()
+        assert gc.get_freeze_count() > 0
+        assert gw.post("/v1/completions", {"model": "smollm2", "prompt": "Hi", "max_tokens": 2}).status_code == 200
+    finally:
+        gc.unfreeze()
