@@ -93,11 +93,15 @@ def timer(device: str) -> Callable[[Callable[[], object]], float]:
 
 
 def copy_bandwidth(device: str, bench: Callable[[Callable[[], object]], float]) -> float:
-    """Bytes per second of a large device copy, counting the read and the write."""
+    """Bytes per second of a large device copy, counting the read and the write (gpu_check's yardstick:
+    on CUDA timed plainly, not in a graph, where the copy engines would run it slower than the SMs)."""
     import torch
 
-    numel = (1 << 28) if device == "cuda" else (1 << 22)  # 1 GiB / 16 MiB of float32
-    src = torch.empty(numel, dtype=torch.float32, device=device).uniform_()
+    if device == "cuda":
+        from ops.gpu_check.kernel_timing import copy_bandwidth_gbs
+
+        return copy_bandwidth_gbs(torch.device("cuda"), 1024, 20) * 1e9
+    src = torch.empty(1 << 22, dtype=torch.float32, device=device).uniform_()  # 16 MiB
     dst = torch.empty_like(src)
     return 2 * src.numel() * src.element_size() / bench(lambda: dst.copy_(src))
 
