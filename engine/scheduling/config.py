@@ -60,6 +60,10 @@ class SchedulerConfig:
     many times a decode-only step, as measured on this host as the engine runs
     (engine/scheduling/step_cost.py); max_prefill_tokens_while_decoding stays the cap in tokens.
     0: the token cap alone."""
+    prefill_backlog_drain_s: float = 0.0
+    """Serving mode, with prefill_stall_factor: while prompt tokens wait, steps carry at least enough
+    of them to drain the backlog within about this many seconds, TTFT bought with longer steps
+    (StepCosts.backlog_drain_s). 0: off."""
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -85,6 +89,8 @@ class SchedulerConfig:
             raise ValueError("max_prefill_tokens_while_decoding must be non-negative")
         if self.prefill_stall_factor and self.prefill_stall_factor <= 1.0:
             raise ValueError("prefill_stall_factor must be above 1 (or 0: off)")
+        if self.prefill_backlog_drain_s < 0:
+            raise ValueError("prefill_backlog_drain_s must be non-negative (0: off)")
 
 
 @dataclass(frozen=True)

@@ -66,7 +66,7 @@ class Scheduler:
         self._next_seq = 0
         self._finished_ids: list[str] = []
         self._counters = Counters()
-        self.step_costs = StepCosts(config.prefill_stall_factor)  # fed by EngineCore with each step's time
+        self.step_costs = StepCosts(config.prefill_stall_factor, config.prefill_backlog_drain_s)  # EngineCore feeds it
 
     # -- requests in and out -------------------------------------------------------------
 
@@ -119,7 +119,7 @@ class Scheduler:
         now = self._clock()
         self.bm.end_step()
         step = StepBuilder(budget=self.config.max_num_batched_tokens, chunk_cap=self.config.long_prefill_token_threshold,
-                           prefill_budget=serving_prefill_budget(self.config, self.running, self.step_costs))
+                           prefill_budget=serving_prefill_budget(self.config, self.running, self.waiting, self.step_costs))
         if self.config.policy == "priority":
             self._preempt_for_urgent(now, step)
         if not self._schedule_running(step):

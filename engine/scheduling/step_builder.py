@@ -7,6 +7,7 @@ about who runs (engine/scheduling/scheduler.py does) and holds no blocks.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from engine.outputs import ScheduledChunk, SchedulerOutput
@@ -78,10 +79,15 @@ class StepBuilder:
         )
 
 
-def serving_prefill_budget(config: SchedulerConfig, running: list[Request], costs: StepCosts) -> int | None:
+def serving_prefill_budget(config: SchedulerConfig, running: list[Request], waiting: Iterable[Request],
+                           costs: StepCosts) -> int | None:
     """The serving mode's prompt-token bound for a step: set while any running stream generates; in
-    time (prefill_stall_factor, from the measured step costs) under the token cap."""
+    time (prefill_stall_factor, from the measured step costs) under the token cap, lifted while prompt
+    tokens wait (queued, or part-prefilled) so that a burst drains."""
     cap = config.max_prefill_tokens_while_decoding
     if cap and any(r.num_computed_tokens >= r.num_prompt_tokens for r in running):
-        return costs.prompt_budget(cap)
+        backlog = sum(r.num_tokens - r.num_computed_tokens for r in waiting)
+        backlog += sum(r.num_prompt_tokens - r.num_computed_tokens for r in running
+                       if r.num_computed_tokens < r.num_prompt_tokens)
+        return costs.prompt_budget(cap, backlog)
     return None

@@ -36,6 +36,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         aging_rate=args.aging_rate,
         max_prefill_tokens_while_decoding=args.max_prefill_while_decoding,
         prefill_stall_factor=getattr(args, "prefill_stall_factor", 0.0),
+        prefill_backlog_drain_s=getattr(args, "prefill_backlog_drain", 0.0),
     )  # max_model_len: EngineCore derives the scheduler's from the model's and --max-model-len
     return EngineConfig(model=model, cache=cache, scheduler=scheduler, attention_backend=args.attention_backend,
                         default_sampling=getattr(args, "default_sampling", None),

@@ -189,6 +189,36 @@ def test_the_scheduler_spends_the_time_budget_not_only_the_token_cap() -> None:
     assert prompt_tokens(out, lens) == 32  # the token cap alone would have let all 200 in
 
 
+@pytest.mark.parametrize("drain_s, carried", [(0.0, 32), (0.5, 64)])
+def test_a_backlog_drain_time_lifts_the_budget_while_prompts_wait(drain_s: float, carried: int) -> None:
+    """Two 200-token prompts wait: drained within 0.5 s of steps of 2 x 40 ms, 400 x 0.08 / 0.5 = 64
+    tokens a step; off (the default), the learnt 32."""
+    sched, runner = make_scheduler(num_device_blocks=400, max_num_batched_tokens=512,
+                                   max_prefill_tokens_while_decoding=256, prefill_stall_factor=2.0,
+                                   prefill_backlog_drain_s=drain_s)
+    first = [make_request(8, max_tokens=60, ignore_eos=True) for _ in range(3)]
+    for r in first:
+        sched.add_request(r)
+    run = Run()
+    step(sched, runner, run)
+    sched.step_costs.observe(_step(3), 0.040)
+    sched.step_costs.observe(_step(3, 64), 0.120)  # learnt: 32 tokens a step
+    late = [make_request(200, max_tokens=5, ignore_eos=True) for _ in range(2)]
+    for r in late:
+        sched.add_request(r)
+    lens = {r.request_id: r.num_prompt_tokens for r in [*first, *late]}
+    assert prompt_tokens(step(sched, runner, run), lens) == carried
+
+
+def test_the_backlog_floor_is_off_by_default_and_never_passes_the_cap() -> None:
+    assert StepCosts(2.0).backlog_drain_s == 0.0 == SchedulerConfig().prefill_backlog_drain_s
+    costs = StepCosts(2.0, 1.0)
+    costs.observe(_step(8), 0.030)
+    assert costs.prompt_budget(CAP, backlog_tokens=100) == FIRST_PROMPT_TOKENS  # 100 x 2 x 0.03 = 6: below
+    assert costs.prompt_budget(CAP, backlog_tokens=2000) == 120  # 2000 x 2 x 0.03 / 1 s
+    assert costs.prompt_budget(CAP, backlog_tokens=10**6) == CAP
+
+
 def test_the_scheduler_reports_each_arrival() -> None:
     sched, _ = make_scheduler(num_device_blocks=400, prefill_stall_factor=2.0)
     for n in (8, 30):
@@ -199,3 +229,5 @@ def test_the_scheduler_reports_each_arrival() -> None:
 def test_a_factor_of_one_or_less_is_refused() -> None:
     with pytest.raises(ValueError, match="prefill_stall_factor"):
         SchedulerConfig(prefill_stall_factor=1.0)
+    with pytest.raises(ValueError, match="prefill_backlog_drain_s"):
+        SchedulerConfig(prefill_backlog_drain_s=-1.0)
