@@ -226,6 +226,18 @@ def test_the_scheduler_reports_each_arrival() -> None:
     assert [tokens for _, tokens in sched.step_costs.arrivals] == [8, 30]
 
 
+def test_preempted_decode_steps_do_not_stretch_the_yardstick() -> None:
+    """A few decode steps that lost a core (2x) or came first (warm-up) leave the decode step's time at
+    what most steps take; a running mean held it 30% high, and mixed steps then took 3x, not 2x."""
+    costs = StepCosts(2.0)
+    for seconds in [0.090, 0.080] + [0.028, 0.028, 0.056, 0.028, 0.028, 0.060, 0.028] * 2:
+        costs.observe(_step(8), seconds)
+    assert costs.decode_step_s == pytest.approx(0.028)
+    for _ in range(20):  # the batch grows: the yardstick follows within a window
+        costs.observe(_step(64), 0.080)
+    assert costs.decode_step_s == pytest.approx(0.080)
+
+
 def test_a_factor_of_one_or_less_is_refused() -> None:
     with pytest.raises(ValueError, match="prefill_stall_factor"):
         SchedulerConfig(prefill_stall_factor=1.0)
