@@ -85,9 +85,11 @@ def serving_prefill_budget(config: SchedulerConfig, running: list[Request], wait
     time (prefill_stall_factor, from the measured step costs) under the token cap, lifted while prompt
     tokens wait (queued, or part-prefilled) so that a burst drains."""
     cap = config.max_prefill_tokens_while_decoding
-    if cap and any(r.num_computed_tokens >= r.num_prompt_tokens for r in running):
+    if not cap or all(r.num_computed_tokens < r.num_prompt_tokens for r in running):
+        return None
+    backlog = 0
+    if costs.backlog_drain_s > 0:  # counted only when it can matter: the queue may be long
         backlog = sum(r.num_tokens - r.num_computed_tokens for r in waiting)
         backlog += sum(r.num_prompt_tokens - r.num_computed_tokens for r in running
                        if r.num_computed_tokens < r.num_prompt_tokens)
-        return costs.prompt_budget(cap, backlog)
-    return None
+    return costs.prompt_budget(cap, backlog)
