@@ -11,6 +11,8 @@ OpenMP spreads over the threads torch uses. float32 only.
     rotary         qk = qk * [cos|cos] + [x2|x1] * [-sin|sin]                          (in place)
     argmax         out[n] = first index of max(x[n]), as torch.argmax (greedy sampling: a
                    vectorised max, where ATen's argmax compares one element at a time)
+    near_max       the indices within one ulp (at a given precision) of each row's max: the
+                   candidates engine/worker/layers/exact_logits.py recomputes in float32
 
 Results are meant to equal PyTorch's bit for bit on an AVX2 CPU, so that the
 fused path changes no greedy token: the sum of squares follows the order of
@@ -51,6 +53,7 @@ class NativeFused:
             "silu_and_mul": [p, i, p, i, i, n],
             "rotary": [p, i, p, p, i, i, i, i, n],
             "argmax_rows": [p, i, i, i, p, n],  # float32 only
+            "near_max_rows": [p, i, i, i, n, i, p, p, n],  # float32 only
         }
         self.dtype = dtype
         self._fn: dict[str, Callable[..., None]] = {}
@@ -104,6 +107,21 @@ class NativeFused:
         out = torch.empty(n, dtype=torch.int64)
         self._fn["argmax_rows"](x.data_ptr(), x.stride(0), n, v, out.data_ptr(), _threads())
         return out
+
+    @property
+    def has_near_max(self) -> bool:
+        return "near_max_rows" in self._fn
+
+    def near_max(self, x: torch.Tensor, bits: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(N, V) float32 -> (N, k) int64 indices and (N,) int64 counts: each row's values within one ulp,
+        at `bits` significand bits, of its maximum (the first k listed; the count may be larger)."""
+        n, v = x.shape
+        assert self.has_near_max and x.dtype == torch.float32 and x.stride(1) == 1 and v > 0 and k > 0
+        idx = torch.zeros((n, k), dtype=torch.int64)
+        count = torch.empty(n, dtype=torch.int64)
+        self._fn["near_max_rows"](x.data_ptr(), x.stride(0), n, v, bits, k, idx.data_ptr(), count.data_ptr(),
+                                  _threads())
+        return idx, count
 
     def _check_rows(self, x: torch.Tensor, weight: torch.Tensor, x_dtype: torch.dtype) -> None:
         assert x.dtype == x_dtype and weight.dtype == self.dtype and x.dim() == 2 and x.stride(1) == 1

@@ -36,3 +36,16 @@ def rotary_reference(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tenso
     x32 = x.float()
     swapped = torch.cat((x32[..., half:], x32[..., :half]), dim=-1)  # [x2 | x1]
     return (x32 * cos + swapped * sin_signed).to(x.dtype)
+
+
+def near_max_reference(x: torch.Tensor, bits: int, k: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(rows, cols) of every value of x (N, V) float32 within one unit in the last place, at `bits`
+    significand bits, of its row's finite maximum; None when a row has more than k (a flat row)."""
+    row_max = x.max(dim=1, keepdim=True).values  # NaN where a row has one: no candidates there
+    _, exponent = torch.frexp(row_max)
+    threshold = row_max - torch.ldexp(torch.ones_like(row_max), exponent - bits)
+    hits = (x >= threshold) & torch.isfinite(row_max)
+    if bool((hits.sum(dim=1) > k).any()):
+        return None
+    rows, cols = torch.nonzero(hits, as_tuple=True)
+    return rows, cols

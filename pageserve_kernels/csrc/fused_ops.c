@@ -165,31 +165,39 @@ void rotary_f32(float* qk, int64_t row_stride, const float* cos, const float* si
     }
 }
 
+/* A row's maximum (NaNs skipped) and whether it holds a NaN: one vectorised pass. */
+INLINE float row_max(const float* row, int64_t V, int* has_nan) {
+    float m = -INFINITY;
+    int nan = 0;
+    int64_t d = 0;
+#if HAVE_AVX2
+    __m256 mv = _mm256_set1_ps(-INFINITY), unordered = _mm256_setzero_ps();
+    for (; d + 8 <= V; d += 8) {
+        const __m256 v = _mm256_loadu_ps(row + d);
+        mv = _mm256_max_ps(mv, v);
+        unordered = _mm256_or_ps(unordered, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    }
+    float lanes[8];
+    _mm256_storeu_ps(lanes, mv);
+    for (int k = 0; k < 8; k++) m = lanes[k] > m ? lanes[k] : m;
+    nan = _mm256_movemask_ps(unordered) != 0;
+#endif
+    for (; d < V; d++) {
+        nan |= isnan(row[d]);
+        m = row[d] > m ? row[d] : m;
+    }
+    *has_nan = nan;
+    return m;
+}
+
 /* Each row's first index of its maximum, a NaN counting as the maximum: torch.argmax's rules.
    One vectorised pass finds the maximum (and whether the row has a NaN), a second the index. */
 void argmax_rows_f32(const float* x, int64_t stride, int64_t N, int64_t V, int64_t* out, int nthreads) {
 #pragma omp parallel for num_threads(nthreads) if (N * V >= MIN_PARALLEL) schedule(static)
     for (int64_t n = 0; n < N; n++) {
         const float* row = x + n * stride;
-        float m = -INFINITY;
-        int nan = 0;
-        int64_t d = 0;
-#if HAVE_AVX2
-        __m256 mv = _mm256_set1_ps(-INFINITY), unordered = _mm256_setzero_ps();
-        for (; d + 8 <= V; d += 8) {
-            const __m256 v = _mm256_loadu_ps(row + d);
-            mv = _mm256_max_ps(mv, v);
-            unordered = _mm256_or_ps(unordered, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-        }
-        float lanes[8];
-        _mm256_storeu_ps(lanes, mv);
-        for (int k = 0; k < 8; k++) m = lanes[k] > m ? lanes[k] : m;
-        nan = _mm256_movemask_ps(unordered) != 0;
-#endif
-        for (; d < V; d++) {
-            nan |= isnan(row[d]);
-            m = row[d] > m ? row[d] : m;
-        }
+        int nan;
+        const float m = row_max(row, V, &nan);
         int64_t at = 0;
         if (nan) {
             while (!isnan(row[at])) at++;
@@ -197,5 +205,42 @@ void argmax_rows_f32(const float* x, int64_t stride, int64_t N, int64_t V, int64
             while (row[at] != m) at++;
         }
         out[n] = at;
+    }
+}
+
+/* Each row's candidates for its largest value before a rounding to `bits` significand bits: the
+   indices within one unit in the last place (at that precision) of the row's maximum, in index
+   order, at most K listed in idx[n * K ...]; count[n] is how many there were (0 for a row with a
+   NaN or no finite maximum). A second vectorised pass: the compare is cheap, a hit rare. */
+void near_max_rows_f32(const float* x, int64_t stride, int64_t N, int64_t V, int bits, int64_t K,
+                       int64_t* idx, int64_t* count, int nthreads) {
+#pragma omp parallel for num_threads(nthreads) if (N * V >= MIN_PARALLEL) schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+        const float* row = x + n * stride;
+        int nan, e;
+        const float m = row_max(row, V, &nan);
+        int64_t c = 0;
+        if (!nan && isfinite(m)) {
+            frexpf(m, &e);  /* |m| = f * 2^e, f in [0.5, 1): a step of 2^(e - bits) at `bits` bits */
+            const float threshold = m - ldexpf(1.0f, e - bits);
+            int64_t d = 0;
+#if HAVE_AVX2
+            const __m256 t = _mm256_set1_ps(threshold);
+            for (; d + 8 <= V; d += 8) {
+                int hits = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(row + d), t, _CMP_GE_OQ));
+                for (int k = 0; hits; k++, hits >>= 1)
+                    if (hits & 1) {
+                        if (c < K) idx[n * K + c] = d + k;
+                        c++;
+                    }
+            }
+#endif
+            for (; d < V; d++)
+                if (row[d] >= threshold) {
+                    if (c < K) idx[n * K + c] = d;
+                    c++;
+                }
+        }
+        count[n] = c;
     }
 }

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.worker.layers.attention import Attention, AttentionMetadata, PagedAttentionOp
+from engine.worker.layers.exact_logits import exact_near_max
 from engine.worker.layers.linear import Packed, linear, pack
 from engine.worker.layers.mlp import GatedMLP
 from engine.worker.layers.norm import RMSNorm
@@ -161,4 +162,6 @@ class LlamaModel(nn.Module):
         self.lm_head_packed = pack(self.lm_head)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # (N, H) float32 sampled rows -> (N, V) float32
-        return linear(self.norm(hidden), self.lm_head, self.lm_head_packed).float()
+        normed = self.norm(hidden)
+        logits = linear(normed, self.lm_head, self.lm_head_packed)
+        return exact_near_max(logits, normed, self.lm_head)  # a tie of the rounded product broken exactly
