@@ -178,7 +178,9 @@ def engine_addresses(config: LaunchConfig) -> list[str]:
 
 
 def curl_line(host: str, port: int, key: str, model: str) -> str:
-    body = json.dumps({"model": model, "stream": True,
+    """The first request a user sends: greedy, so it shows the model's most likely answer (at OpenAI's
+    default temperature 1, SmolLM2-135M's first token here is a coin flip between 'The', 'L' and 'La')."""
+    body = json.dumps({"model": model, "stream": True, "temperature": 0,
                        "messages": [{"role": "user", "content": "What is the capital of France?"}]})
     return (f"curl -N http://{host}:{port}/v1/chat/completions -H 'Authorization: Bearer {key}' "
             f"-H 'Content-Type: application/json' -d {shlex.quote(body)}")
