@@ -30,39 +30,39 @@ def timed_ms(fn: Callable[[], object], device: torch.device, repeats: int) -> fl
         import triton.testing
 
         return float(triton.testing.do_bench_cudagraph(fn, rep=max(20, 5 * repeats), return_mode="median"))
+    return plain_ms(fn, device, repeats)
+
+
+def plain_ms(fn: Callable[[], object], device: torch.device, repeats: int) -> float:
+    """Median milliseconds of fn() launched plainly, `repeats` times after one warm-up run: between
+    events on CUDA, by the host's clock elsewhere."""
     fn()
     times = []
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
     return sorted(times)[len(times) // 2]
 
 
 def copy_bandwidth_gbs(device: torch.device, mib: int, repeats: int) -> float:
     """Read + write GB/s of a large device copy: the practical bandwidth peak, the yardstick of decode attention.
 
-    Timed between events, never in a graph: a captured device-to-device copy becomes a memcpy node
-    that the copy engines run, about 2.8 TB/s on an H200 against 4.1 TB/s for the same copy launched
-    plainly, which would flatter every kernel measured against it.
+    Timed plainly, never in a graph: a captured device-to-device copy becomes a memcpy node that the
+    copy engines run, about 2.8 TB/s on an H200 against 4.1 TB/s for the same copy launched plainly,
+    which would flatter every kernel measured against it.
     """
     src = torch.empty(mib << 20, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    dst.copy_(src)
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            dst.copy_(src)
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            t0 = time.perf_counter()
-            dst.copy_(src)
-            times.append((time.perf_counter() - t0) * 1e3)
-    ms = sorted(times)[len(times) // 2]
+    ms = plain_ms(lambda: dst.copy_(src), device, repeats)
     return 2 * src.numel() / (ms * 1e6)
 
 
