@@ -149,8 +149,11 @@ class ThenClose:
 async def _stream_events(gen: Generation, fmt: ResponseFormat, tool_calls: bool = False) -> AsyncIterator[bytes]:
     # A chat choice's role chunk goes out with its first generated token, not at admission (vLLM's
     # order): clients stamp time to first token at the first chunk. A stream that ends before any
-    # token carries no role chunk, only its error event. With tools offered, the parser turns the
-    # text into content and tool-call deltas as it finds them.
+    # token carries no role chunk, only its error event. Every token goes out as a chunk, with empty
+    # text when the detokenizer holds its text back (the first bytes of a character, a possible stop
+    # string): clients that count or time tokens by chunks (vllm bench serve's inter-token latency)
+    # see each token when it is made, not two at once a step later. With tools offered, the parser
+    # turns the text into content and tool-call deltas as it finds them.
     announced: set[int] = set()
     parsers = [ToolCallParser() for _ in range(gen.sampling.n)] if tool_calls else None
     try:
@@ -164,7 +167,7 @@ async def _stream_events(gen: Generation, fmt: ResponseFormat, tool_calls: bool 
                 for event in parser.feed(delta.text) + (parser.finish() if reason is not None else []):
                     yield sse_event(fmt.event_chunk(delta.index, event, gen.usage))
                 reason = _with_calls(reason, parser.num_calls)
-            elif delta.text or delta.logprobs:
+            elif delta.text or delta.logprobs or reason is None:  # one chunk per token, its text held back or not
                 yield sse_event(fmt.text_chunk(delta.index, delta.text, gen.usage, delta.logprobs))
             if reason is not None:
                 yield sse_event(fmt.finish_chunk(delta.index, reason, gen.usage))

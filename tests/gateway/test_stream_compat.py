@@ -29,6 +29,21 @@ def test_role_chunk_goes_out_with_the_first_token_even_if_its_text_is_held_back(
     assert text == " is Paris"
 
 
+def test_every_token_goes_out_as_a_chunk_even_when_its_text_is_held_back(make_gateway: Any) -> None:
+    """' is' waits for ' Paris' (the stop string " is lov" might follow): its token still goes out, as an
+    empty delta, so that clients timing tokens by chunks see it when it was made, not one step later."""
+    gw = make_gateway(lambda req: Script([[314, 7042]]))  # " is", " Paris"
+    for path, body, text_of in (
+        ("/v1/chat/completions", {**STREAM, "stop": [" is lov"]}, lambda c: c["delta"].get("content")),
+        ("/v1/completions", {"model": "smollm2", "prompt": "x", "stream": True, "stop": [" is lov"]},
+         lambda c: c["text"]),
+    ):
+        events = sse_events(gw.post(path, body).text)
+        choices = [e["choices"][0] for e in events[:-1] if e.get("choices")]
+        tokens = [text_of(c) for c in choices if c["finish_reason"] is None and "role" not in c.get("delta", {})]
+        assert tokens == ["", " is Paris"], path
+
+
 def test_a_choice_that_finishes_without_text_still_gets_role_and_finish(make_gateway: Any) -> None:
     gw = make_gateway(lambda req: Script([[]], reason="stop"))
     events = sse_events(gw.post("/v1/chat/completions", STREAM).text)
