@@ -1,8 +1,10 @@
 """Serving metrics from per-request timings: percentiles, throughput, goodput under a latency objective.
 
 Definitions (vLLM's `bench serve` ones, so figures compare across clients):
-  TTFT   send -> the first chunk carrying generated content (not a role-only chunk)
-  ITL    gaps between consecutive content chunks of one request (all gaps of all requests pooled)
+  TTFT   send -> the first chunk carrying a generated token (not a role-only chunk)
+  ITL    gaps between consecutive token chunks of one request (all gaps of all requests pooled); a
+         server that sends no chunk for a token whose text it holds back (vLLM) shows two steps as one gap
+  text ITL  gaps between chunks with text: what a reader sees (in the JSON, not the table)
   TPOT   (e2e - TTFT) / (output tokens - 1): time per output token after the first, queue-free
   e2e    send -> the last byte of the response
 A request is *good* when it succeeded, its TTFT <= slo.ttft_s and its TPOT (its mean
@@ -34,6 +36,8 @@ class RequestTiming:
     itl: tuple[float, ...] = ()
     error: str | None = None
     """The kind of failure ("http 429", "timeout", "incomplete: 12/64 tokens", ...); None on success."""
+    text_itl: tuple[float, ...] = ()
+    """Gaps between the chunks that carried text (itl: between all token chunks)."""
 
     @property
     def ok(self) -> bool:
@@ -72,6 +76,7 @@ class Summary:
     e2e: dict[str, float]
     good_requests: int
     errors: dict[str, int] = field(default_factory=dict)
+    text_itl: dict[str, float] = field(default_factory=dict)
 
     @property
     def request_rate(self) -> float:
@@ -112,6 +117,7 @@ def summarize(timings: list[RequestTiming], duration_s: float, slo: Slo) -> Summ
         e2e=percentiles([t.e2e for t in done if t.e2e is not None]),
         good_requests=sum(slo.good(t) for t in timings),
         errors=dict(Counter(t.error for t in timings if t.error is not None)),
+        text_itl=percentiles([gap for t in done for gap in t.text_itl]),
     )
 
 

@@ -2,7 +2,8 @@
 
 The fake streams like vLLM: for chat a role-only chunk first, then, after a
 prefill delay, one content chunk per token 10 ms apart, an empty-text chunk in
-the middle (a token the detokenizer holds back), the usage chunk and [DONE].
+the middle (a token the detokenizer holds back), a finish-only chunk, the usage
+chunk and [DONE].
 """
 
 from __future__ import annotations
@@ -32,12 +33,12 @@ GAP_S = 0.01
 KEY = "sk-good"
 
 
-def _chunk(body: dict, text: str, role: bool = False) -> str:
+def _chunk(body: dict, text: str, role: bool = False, finish: str | None = None) -> str:
     if "messages" in body:
-        delta = {"role": "assistant", "content": ""} if role else {"content": text}
-        choice = {"index": 0, "delta": delta, "finish_reason": None}
+        delta = {"role": "assistant", "content": ""} if role else {} if finish else {"content": text}
+        choice = {"index": 0, "delta": delta, "finish_reason": finish}
     else:
-        choice = {"index": 0, "text": text, "finish_reason": None}
+        choice = {"index": 0, "text": text, "finish_reason": finish}
     return "data: " + json.dumps({"choices": [choice]}) + "\n\n"
 
 
@@ -50,6 +51,8 @@ async def _generate(body: dict) -> AsyncIterator[str]:
     for i in range(produced):
         yield _chunk(body, "" if i == 2 else f" t{i}")
         await asyncio.sleep(GAP_S)
+    yield _chunk(body, "", finish="length")  # no token: must not end a gap
+    await asyncio.sleep(GAP_S)
     usage = {"prompt_tokens": 7, "completion_tokens": produced, "total_tokens": 7 + produced}
     yield "data: " + json.dumps({"choices": [], "usage": usage}) + "\n\n"
     yield "data: [DONE]\n\n"
@@ -96,13 +99,14 @@ def send_all(target: Target, reqs: list[WorkloadRequest]) -> list[RequestTiming]
 
 
 @pytest.mark.parametrize("endpoint", ["completions", "chat"])
-def test_ttft_at_first_content_and_itl_between_content_chunks(fake_server: str, endpoint: str) -> None:
+def test_ttft_at_the_first_token_and_itl_between_token_chunks(fake_server: str, endpoint: str) -> None:
     target = Target("fake", fake_server, "m", {"default": KEY}, endpoint, detokenize=lambda ids: "x" * len(ids))
     [t] = send_all(target, [WorkloadRequest((20, 21, 22), 8)])
     assert t.ok, t.error
     assert t.output_tokens == 8 and t.prompt_tokens == 7  # from the usage chunk
     assert PREFILL_S <= t.ttft < PREFILL_S + 0.15  # the role chunk came at once and is no token
-    assert len(t.itl) == 6  # 8 tokens, one held back by the server: 7 content chunks
+    assert len(t.itl) == 7  # 8 tokens, 8 chunks: the one whose text is held back counts, the finish does not
+    assert len(t.text_itl) == 6  # what a reader sees: 7 chunks with text
     assert t.e2e >= t.ttft + 7 * GAP_S * 0.9
 
 
