@@ -35,7 +35,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from pageserve_kernels import cpu_decode, cpu_prefill  # noqa: F401  (tests patch their loaders here)
+from pageserve_kernels import cpu_decode, cpu_fused, cpu_prefill  # noqa: F401  (tests patch their loaders here)
 from pageserve_kernels.cpu_attention_plan import (  # re-exported: the plan is built here for callers
     AttentionPlan,
     ChunkPlan,
@@ -69,6 +69,9 @@ def store_kv(
     value_cache: torch.Tensor,
     slots: torch.Tensor,  # (T,) int64, no padding (a planned step never has any)
 ) -> None:
+    native = cpu_fused.load()  # one C call (a row copy each); two index_copy_ and their views cost 66 us a layer
+    if native is not None and native.store_kv(key, value, key_cache, value_cache, slots):
+        return
     key_cache.view(-1, *key_cache.shape[2:]).index_copy_(0, slots, key)
     value_cache.view(-1, *value_cache.shape[2:]).index_copy_(0, slots, value)
 

@@ -13,6 +13,8 @@ OpenMP spreads over the threads torch uses. float32 only.
                    vectorised max, where ATen's argmax compares one element at a time)
     near_max       the indices within one ulp (at a given precision) of each row's max: the
                    candidates engine/worker/layers/exact_logits.py recomputes in float32
+    store_kv       key_cache[slots[t]] = key[t], value_cache[slots[t]] = value[t]: a byte copy
+                   (any dtype), for pageserve_kernels/cpu_attention.py's store_kv
 
 Results are meant to equal PyTorch's bit for bit on an AVX2 CPU, so that the
 fused path changes no greedy token: the sum of squares follows the order of
@@ -62,6 +64,10 @@ class NativeFused:
             if fn is not None:
                 fn.restype, fn.argtypes = None, argtypes
                 self._fn[name] = fn
+        store = getattr(lib, "store_kv_rows", None)  # a byte copy: in the float32 library only, for every dtype
+        if store is not None:
+            store.restype, store.argtypes = i, [p, i, p, i, p, p, p, i, i, i]
+            self._fn["store_kv"] = store
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:  # (T, H) -> (T, H)
         """x: the float32 residual stream; the output is in the model dtype."""
@@ -122,6 +128,28 @@ class NativeFused:
         self._fn["near_max_rows"](x.data_ptr(), x.stride(0), n, v, bits, k, idx.data_ptr(), count.data_ptr(),
                                   _threads())
         return idx, count
+
+    def store_kv(self, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                 slots: torch.Tensor) -> bool:
+        """key, value (T, n_kv, hd) -> rows `slots` (T,) int64 of the caches (num_blocks, block_size, n_kv, hd).
+        False, having written nothing, where the layouts do not fit this copy (the caller uses torch's);
+        IndexError for a slot outside the cache, as index_copy_."""
+        fn = self._fn.get("store_kv")
+        row = key_cache.shape[2:]
+        if (fn is None or key.dim() != 3 or key.shape[1:] != row or value.shape != key.shape
+                or not (key.dtype == value.dtype == key_cache.dtype == value_cache.dtype)
+                or key.stride(2) != 1 or key.stride(1) != row[1] or value.stride(2) != 1 or value.stride(1) != row[1]
+                or not (key_cache.is_contiguous() and value_cache.is_contiguous() and key_cache.shape == value_cache.shape)
+                or slots.dtype != torch.int64 or slots.dim() != 1 or slots.stride(0) != 1 or slots.shape[0] != key.shape[0]
+                or not (key.is_cpu and value.is_cpu and key_cache.is_cpu and slots.is_cpu)):
+            return False
+        size = key.element_size()
+        num_slots = key_cache.shape[0] * key_cache.shape[1]
+        bad = fn(key.data_ptr(), key.stride(0) * size, value.data_ptr(), value.stride(0) * size, key_cache.data_ptr(),
+                 value_cache.data_ptr(), slots.data_ptr(), key.shape[0], row.numel() * size, num_slots)
+        if bad:
+            raise IndexError(f"{bad} KV cache slots outside [0, {num_slots})")
+        return True
 
     def _check_rows(self, x: torch.Tensor, weight: torch.Tensor, x_dtype: torch.dtype) -> None:
         assert x.dtype == x_dtype and weight.dtype == self.dtype and x.dim() == 2 and x.stride(1) == 1
