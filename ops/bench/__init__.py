@@ -8,6 +8,7 @@
     agreement.py      bfloat16 greedy agreement with Hugging Face float32, ours and vLLM's
     memory.py         KV waste and requests that fit in a budget: paged vs contiguous
     priority.py, admission.py, streaming.py, step_profile.py   scheduling, quota, SSE and step-time benchmarks
+    step_overhead.py  a decode step's Python and torch glue, kernels excluded (issue 13's 3 ms target)
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ BENCHMARKS = {
     "memory": "ops.bench.memory",
     "soak": "ops.bench.soak",
     "agreement": "ops.bench.agreement",
+    "step-overhead": "ops.bench.step_overhead",
 }
 
 
