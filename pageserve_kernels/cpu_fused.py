@@ -96,10 +96,12 @@ class NativeFused:
     def rotary_(self, qk: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> None:
         """qk (T, heads, hd), heads contiguous, rotated in place; cos, sin_signed (T, 1, hd) or (T, hd), float32."""
         t, heads, hd = qk.shape
-        cos, sin_signed = cos.reshape(t, hd), sin_signed.reshape(t, hd)
         assert qk.dtype == self.dtype and cos.dtype == sin_signed.dtype == torch.float32 and hd % 2 == 0
         assert qk.stride(2) == 1 and qk.stride(1) == hd
-        assert cos.stride(1) == sin_signed.stride(1) == 1 and cos.stride(0) == sin_signed.stride(0)
+        # Read in place (no reshape: two views a layer): a row of hd values, rows stride(0) apart.
+        assert cos.shape[0] == sin_signed.shape[0] == t and cos.shape[-1] == sin_signed.shape[-1] == hd
+        assert cos.stride(-1) == sin_signed.stride(-1) == 1 and cos.stride(0) == sin_signed.stride(0)
+        assert cos.numel() == sin_signed.numel() == t * hd
         self._fn["rotary"](qk.data_ptr(), qk.stride(0), cos.data_ptr(), sin_signed.data_ptr(), cos.stride(0), t,
                            heads, hd, _threads())
 

@@ -124,11 +124,10 @@ class Attention(nn.Module):
         meta: AttentionMetadata,
         paged_attention: PagedAttentionOp,
     ) -> torch.Tensor:  # (T, H)
-        t = x.shape[0]
+        t, n_q, n_kv = x.shape[0], self.num_heads, self.num_kv_heads
         qkv = linear(x, self.qkv_weight, self.qkv_packed, self.qkv_bias)  # (T, q_size + 2 kv_size)
-        qk = qkv[:, : self.q_size + self.kv_size].view(t, self.num_heads + self.num_kv_heads, self.head_dim)
-        qk = rotate_qk(qk, cos, sin_signed)  # q and k heads rotated together (in place on the C path)
-        q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]  # (T, n_q, hd), (T, n_kv, hd)
-        v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, self.head_dim)  # (T, n_kv, hd)
-        o = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)  # (T, n_q, hd)
-        return linear(o.reshape(t, self.q_size), self.o_weight, self.o_packed)
+        heads = qkv.view(t, n_q + 2 * n_kv, self.head_dim)  # q | k | v heads
+        qk = rotate_qk(heads[:, : n_q + n_kv], cos, sin_signed)  # q and k rotated together (in place on the C path)
+        q, k = qk.split((n_q, n_kv), dim=1)  # (T, n_q, hd), (T, n_kv, hd)
+        o = paged_attention(q, k, heads[:, n_q + n_kv :], kv_cache[0], kv_cache[1], meta, self.scale)  # (T, n_q, hd)
+        return linear(o.view(t, self.q_size), self.o_weight, self.o_packed)
