@@ -16,7 +16,8 @@ them under stall_factor x a decode-only step:
                     the budget never drops below what arrives per step, or the queue only grows
     backlog         prompt tokens queued or part-prefilled now (the scheduler's count): with
                     backlog_drain_s set, the budget admits enough that a burst drains within about that
-                    long, TTFT bought with longer steps (off by default; README, "Measured numbers")
+                    long, TTFT and throughput under load bought with longer steps (off here; the engine
+                    process sets 0.5 s: engine/serving/main.py says why)
 
 Why feedback and not a cost model: a step's extra time is affine in its prompt tokens (a
 chunk's attention call and new product shapes cost something whatever its length). The

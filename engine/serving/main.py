@@ -33,6 +33,13 @@ log = logging.getLogger("pageserve.engine")
 # `--prefill-stall-factor 0 --max-prefill-while-decoding 64` is the old fixed budget.
 SERVING_PREFILL_BUDGET = 256
 SERVING_STALL_FACTOR = 2.0
+# While prompt tokens wait, steps carry enough of them to drain the backlog within about this long
+# (up to SERVING_PREFILL_BUDGET a step). Under the stall bound alone a saturated server admitted prompts
+# over 20 s at 8 requests/s of 256-token prompts (Zen 4, bfloat16) and decoded small batches: 265-310 out
+# tok/s where vLLM, admitting first, did 302. With 0.5 s: 311-324, TTFT p50 3.1-3.2 s against 6.0-7.1 s,
+# TPOT 126-133 ms (vLLM 159), p99 ITL 242-259 ms (vLLM 1,437); at 2/s 216 against 194-207, p99 ITL about
+# 100 ms either way; at 8 closed-loop streams p99/p50 ITL 2.18-2.44x against 2.23-2.26x (0.25 s: 2.61-2.87x).
+SERVING_BACKLOG_DRAIN_S = 0.5
 
 
 def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
@@ -55,9 +62,10 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     p.add_argument("--prefill-stall-factor", type=float, default=SERVING_STALL_FACTOR,
                    help="while streams generate, a step with prompt tokens may take at most this many times a "
                         "decode-only step, as measured on this host (0: --max-prefill-while-decoding alone)")
-    p.add_argument("--prefill-backlog-drain", type=float, default=0.0,
+    p.add_argument("--prefill-backlog-drain", type=float, default=SERVING_BACKLOG_DRAIN_S,
                    help="seconds: while prompt tokens wait, steps carry enough of them to drain the backlog "
-                        "within about this long, up to --max-prefill-while-decoding (TTFT for longer steps; 0: off)")
+                        "within about this long, up to --max-prefill-while-decoding (TTFT and throughput under "
+                        "load for longer steps; 0: off, the stall bound alone)")
     p.add_argument("--no-prefix-caching", action="store_true", help="never reuse KV blocks of equal prompt prefixes")
     p.add_argument("--policy", default="priority", choices=["priority", "fcfs"],
                    help="admission order: (aged) priority then fair share, or arrival only")
