@@ -46,8 +46,7 @@ class Scheduler:
         self,
         config: SchedulerConfig,
         num_device_blocks: int,
-        num_cpu_blocks: int,
-        block_size: int,
+        num_cpu_blocks: int, block_size: int,
         clock: Callable[[], float] = time.monotonic,
         vocab_size: int | None = None,
     ) -> None:
@@ -119,7 +118,8 @@ class Scheduler:
         now = self._clock()
         self.bm.end_step()
         step = StepBuilder(budget=self.config.max_num_batched_tokens, chunk_cap=self.config.long_prefill_token_threshold,
-                           prefill_budget=serving_prefill_budget(self.config, self.running, self.waiting, self.step_costs))
+                           prefill_budget=serving_prefill_budget(self.config, self.running, self.waiting,
+                                                                 self.step_costs, now, self._live))
         if self.config.policy == "priority":
             self._preempt_for_urgent(now, step)
         if not self._schedule_running(step):

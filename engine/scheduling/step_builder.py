@@ -7,14 +7,15 @@ about who runs (engine/scheduling/scheduler.py does) and holds no blocks.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from engine.outputs import ScheduledChunk, SchedulerOutput
 from engine.request import Request
 from engine.scheduling.block_manager import BlockPairs
 from engine.scheduling.config import SchedulerConfig
-from engine.scheduling.step_cost import StepCosts
+from engine.scheduling.sample_group import SampleState
+from engine.scheduling.step_cost import BACKLOG_AGE_S, StepCosts
 
 
 @dataclass
@@ -80,16 +81,23 @@ class StepBuilder:
 
 
 def serving_prefill_budget(config: SchedulerConfig, running: list[Request], waiting: Iterable[Request],
-                           costs: StepCosts) -> int | None:
+                           costs: StepCosts, now: float = 0.0, live: Mapping[str, SampleState] | None = None,
+                           ) -> int | None:
     """The serving mode's prompt-token bound for a step: set while any running stream generates; in
     time (prefill_stall_factor, from the measured step costs) under the token cap, lifted while prompt
-    tokens wait (queued, or part-prefilled) so that a burst drains."""
+    tokens wait (queued, or part-prefilled), so that a backlog drains within costs.backlog_drain_s.
+    Only prompts that have waited BACKLOG_AGE_S count, where `live` says when they were queued: a
+    queue that outlives that is a saturated server's, a younger burst is the stall bound's."""
     cap = config.max_prefill_tokens_while_decoding
     if not cap or all(r.num_computed_tokens < r.num_prompt_tokens for r in running):
         return None
     backlog = 0
     if costs.backlog_drain_s > 0:  # counted only when it can matter: the queue may be long
-        backlog = sum(r.num_tokens - r.num_computed_tokens for r in waiting)
+        def old(r: Request) -> bool:
+            state = None if live is None else live.get(r.request_id)
+            return state is None or now - state.enqueued_at >= BACKLOG_AGE_S
+
+        backlog = sum(r.num_tokens - r.num_computed_tokens for r in waiting if old(r))
         backlog += sum(r.num_prompt_tokens - r.num_computed_tokens for r in running
-                       if r.num_computed_tokens < r.num_prompt_tokens)
+                       if r.num_computed_tokens < r.num_prompt_tokens and old(r))
     return costs.prompt_budget(cap, backlog)

@@ -33,12 +33,12 @@ log = logging.getLogger("pageserve.engine")
 # `--prefill-stall-factor 0 --max-prefill-while-decoding 64` is the old fixed budget.
 SERVING_PREFILL_BUDGET = 256
 SERVING_STALL_FACTOR = 2.0
-# While prompt tokens wait, steps carry enough of them to drain the backlog within about this long
-# (up to SERVING_PREFILL_BUDGET a step). Under the stall bound alone a saturated server admitted prompts
-# over 20 s at 8 requests/s of 256-token prompts (Zen 4, bfloat16) and decoded small batches: 265-310 out
-# tok/s where vLLM, admitting first, did 302. With 0.5 s: 311-324, TTFT p50 3.1-3.2 s against 6.0-7.1 s,
-# TPOT 126-133 ms (vLLM 159), p99 ITL 242-259 ms (vLLM 1,437); at 2/s 216 against 194-207, p99 ITL about
-# 100 ms either way; at 8 closed-loop streams p99/p50 ITL 2.18-2.44x against 2.23-2.26x (0.25 s: 2.61-2.87x).
+# While prompts wait (those queued for a second or more: step_cost.BACKLOG_AGE_S), steps carry enough of
+# them to drain that backlog within about this long (up to SERVING_PREFILL_BUDGET a step). Under the stall
+# bound alone a saturated server admitted prompts over 20 s at 8 requests/s of 256-token prompts (Zen 4,
+# bfloat16) and decoded small batches: 265-310 out tok/s where vLLM, admitting first, did 302. With 0.5 s:
+# 311-334, TTFT p50 3.0-4.0 s against 6.0-7.1 s, TPOT 121-133 ms (vLLM 152-159), p99 ITL 235-259 ms (vLLM
+# 1,351-1,437); at 2/s 214-218 against 194-207 (vLLM 212-214), p99 ITL 76-102 ms (vLLM 225-256).
 SERVING_BACKLOG_DRAIN_S = 0.5
 
 

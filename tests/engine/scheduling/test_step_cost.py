@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 
 from engine.outputs import ScheduledChunk, SchedulerOutput
 from engine.scheduling.config import SchedulerConfig
-from engine.scheduling.step_cost import FIRST_PROMPT_TOKENS, MIN_PROMPT_TOKENS, StepCosts
+from engine.scheduling.step_cost import BACKLOG_AGE_S, FIRST_PROMPT_TOKENS, MIN_PROMPT_TOKENS, StepCosts
 from shared.sampling import SamplingParams
-from tests.engine.scheduling.fakes import Run, make_request, make_scheduler, step
+from tests.engine.scheduling.fakes import FakeClock, Run, make_request, make_scheduler, step
 from tests.engine.scheduling.test_scheduler_serving_budget import prompt_tokens
 
 CAP = 256
@@ -189,11 +189,15 @@ def test_the_scheduler_spends_the_time_budget_not_only_the_token_cap() -> None:
     assert prompt_tokens(out, lens) == 32  # the token cap alone would have let all 200 in
 
 
-@pytest.mark.parametrize("drain_s, carried", [(0.0, 32), (0.5, 64)])
-def test_a_backlog_drain_time_lifts_the_budget_while_prompts_wait(drain_s: float, carried: int) -> None:
-    """Two 200-token prompts wait: drained within 0.5 s of steps of 2 x 40 ms, 400 x 0.08 / 0.5 = 64
-    tokens a step; off (the default), the learnt 32."""
-    sched, runner = make_scheduler(num_device_blocks=400, max_num_batched_tokens=512,
+@pytest.mark.parametrize("drain_s, waited, carried", [(0.0, 2.0, 32), (0.5, BACKLOG_AGE_S, 64),
+                                                      (0.5, BACKLOG_AGE_S - 0.1, 32)])
+def test_a_backlog_drain_time_lifts_the_budget_while_prompts_wait(drain_s: float, waited: float,
+                                                                  carried: int) -> None:
+    """Two 200-token prompts have waited BACKLOG_AGE_S: drained within 0.5 s of steps of 2 x 40 ms,
+    400 x 0.08 / 0.5 = 64 tokens a step. Off (the default), or waiting less long (a burst the stall
+    bound may yet clear), the learnt 32."""
+    clock = FakeClock()
+    sched, runner = make_scheduler(num_device_blocks=400, max_num_batched_tokens=512, clock=clock,
                                    max_prefill_tokens_while_decoding=256, prefill_stall_factor=2.0,
                                    prefill_backlog_drain_s=drain_s)
     first = [make_request(8, max_tokens=60, ignore_eos=True) for _ in range(3)]
@@ -206,6 +210,7 @@ def test_a_backlog_drain_time_lifts_the_budget_while_prompts_wait(drain_s: float
     late = [make_request(200, max_tokens=5, ignore_eos=True) for _ in range(2)]
     for r in late:
         sched.add_request(r)
+    clock.now += waited
     lens = {r.request_id: r.num_prompt_tokens for r in [*first, *late]}
     assert prompt_tokens(step(sched, runner, run), lens) == carried
 
