@@ -63,9 +63,9 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
                    help="while streams generate, a step with prompt tokens may take at most this many times a "
                         "decode-only step, as measured on this host (0: --max-prefill-while-decoding alone)")
     p.add_argument("--prefill-backlog-drain", type=float, default=SERVING_BACKLOG_DRAIN_S,
-                   help="seconds: while prompt tokens wait, steps carry enough of them to drain the backlog "
-                        "within about this long, up to --max-prefill-while-decoding (TTFT and throughput under "
-                        "load for longer steps; 0: off, the stall bound alone)")
+                   help="seconds: while prompts queued for a second or more wait, steps carry enough of them to "
+                        "drain them within about this long, up to --max-prefill-while-decoding (TTFT and throughput "
+                        "under load for longer steps; 0: off, the stall bound alone)")
     p.add_argument("--no-prefix-caching", action="store_true", help="never reuse KV blocks of equal prompt prefixes")
     p.add_argument("--policy", default="priority", choices=["priority", "fcfs"],
                    help="admission order: (aged) priority then fair share, or arrival only")
