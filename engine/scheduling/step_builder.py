@@ -81,12 +81,11 @@ class StepBuilder:
 
 
 def serving_prefill_budget(config: SchedulerConfig, running: list[Request], waiting: Iterable[Request],
-                           costs: StepCosts, now: float = 0.0, live: Mapping[str, SampleState] | None = None,
-                           ) -> int | None:
+                           costs: StepCosts, now: float, live: Mapping[str, SampleState]) -> int | None:
     """The serving mode's prompt-token bound for a step: set while any running stream generates; in
     time (prefill_stall_factor, from the measured step costs) under the token cap, lifted while prompt
     tokens wait (queued, or part-prefilled), so that a backlog drains within costs.backlog_drain_s.
-    Only prompts that have waited BACKLOG_AGE_S count, where `live` says when they were queued: a
+    Only prompts that have waited BACKLOG_AGE_S by `now` (`live`: when each was queued) count: a
     queue that outlives that is a saturated server's, a younger burst is the stall bound's."""
     cap = config.max_prefill_tokens_while_decoding
     if not cap or all(r.num_computed_tokens < r.num_prompt_tokens for r in running):
@@ -94,7 +93,7 @@ def serving_prefill_budget(config: SchedulerConfig, running: list[Request], wait
     backlog = 0
     if costs.backlog_drain_s > 0:  # counted only when it can matter: the queue may be long
         def old(r: Request) -> bool:
-            state = None if live is None else live.get(r.request_id)
+            state = live.get(r.request_id)  # always there; unknown would count as old
             return state is None or now - state.enqueued_at >= BACKLOG_AGE_S
 
         backlog = sum(r.num_tokens - r.num_computed_tokens for r in waiting if old(r))

@@ -1,6 +1,7 @@
 """`pageserve bench step-overhead`: the Python and torch glue of one decode step, kernels excluded.
 
-    pageserve bench step-overhead [--dtype auto] [--running 64] [--context 200] [--steps 40] [--threads 2]
+    pageserve bench step-overhead [--dtype auto] [--running 64] [--context 200] [--steps 10] [--rounds 4]
+                                  [--threads 2]
 
 `--running` requests with `--context`-token prompts are prefilled, then decode-only steps of
 EngineCore.step are timed twice, alternately in rounds (a busy host slows both alike):
@@ -11,7 +12,7 @@ timers themselves cost (about a microsecond a call), so the glue printed is an u
 
 Kernels (the boundary): the C kernels' ctypes calls (fused ops, decode attention, panel GEMM,
 greedy argmax, near-maximum scan), oneDNN's and torch's products (`mkldnn._linear_pointwise`,
-`F.linear`), the KV cache write (`store_kv`: two index_copy_), the embedding gather. Everything
+`F.linear`), the KV cache write (`store_kv`: one C row copy, or torch's index_copy_), the embedding gather. Everything
 else is glue: our Python, torch's dispatch of views and small ops, allocations, and the logits'
 float32 copy. Stages: schedule, inputs (build_step_inputs), forward (the layers), logits
 (final norm, vocab product, exact near-maximum), sample, update, other (EngineCore.step's own).
