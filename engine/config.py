@@ -88,7 +88,8 @@ class EngineConfig:
     seed: int = 0
     """Seeds the generators of requests that give no seed of their own."""
     enforce_eager: bool = False
-    """On CUDA, run decode steps eagerly instead of replaying CUDA graphs (engine/worker/decode_graphs.py)."""
+    """Run decode steps through the Python layers: no CUDA graphs (engine/worker/decode_graphs.py), no C++
+    layer loop on CPUs (engine/worker/decode_program.py)."""
     default_sampling: str | None = None
     """--default-sampling: a JSON object overriding the model's sampling defaults key by key
     (engine/worker/sampling_defaults.py); None: the model's own."""

@@ -79,7 +79,7 @@ class LLM:
     ) -> None:
         """`device`: where the weights and the KV cache live ("cpu", "cuda", "cuda:1"); "auto"
         attention then picks the Triton kernels on CUDA and the CPU kernels elsewhere.
-        `enforce_eager`: no CUDA graphs for decode steps (engine/worker/decode_graphs.py).
+        `enforce_eager`: decode steps through the Python layers (no CUDA graphs, no C++ layer loop on CPUs).
         `tensor_parallel_size`: processes sharing every layer (engine/worker/parallel/); `close()` stops them."""
         cache_args: dict[str, Any] = {"block_size": block_size}
         if kv_cache_memory is not None:

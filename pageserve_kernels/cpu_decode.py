@@ -63,6 +63,10 @@ class NativeDecode:
         """The variants this build has (all of them run on this host)."""
         self._picks: dict[tuple[object, ...], int] = {}
 
+    def address(self, dtype: torch.dtype) -> int:
+        """The C function for `dtype`, for pageserve_kernels/csrc/decode_layers.cpp."""
+        return native_build.address(self._fns[dtype])
+
     def applicable(self, dtype: torch.dtype, head_dim: int) -> tuple[str, ...]:
         """The built variants that run as themselves for this dtype and head size (others fall back)."""
         wide_ok = head_dim % 32 == 0

@@ -69,6 +69,11 @@ class NativeFused:
             store.restype, store.argtypes = i, [p, i, p, i, p, p, p, i, i, i]
             self._fn["store_kv"] = store
 
+    def address(self, op: str) -> int:
+        """The C function of `op` (0 where this build lacks it), for pageserve_kernels/csrc/decode_layers.cpp."""
+        fn = self._fn.get(op)
+        return 0 if fn is None else native_build.address(fn)
+
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:  # (T, H) -> (T, H)
         """x: the float32 residual stream; the output is in the model dtype."""
         t, h = x.shape

@@ -64,6 +64,10 @@ class NativeGemm:
         self._fn = lib.gemm_f32
         self._fn.restype, self._fn.argtypes = None, [p, i, p, p, p, i, i, i, ctypes.c_int]
 
+    def address(self) -> int:
+        """The C function, for pageserve_kernels/csrc/decode_layers.cpp."""
+        return native_build.address(self._fn)
+
     def linear(self, x: torch.Tensor, w: PanelWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
         """(T, K) -> (T, N): x @ W^T (+ bias)."""
         assert x.dtype == torch.float32 and x.dim() == 2 and x.shape[1] == w.in_features

@@ -73,23 +73,36 @@ def load_library(name: str, source: str, flags: tuple[str, ...] = FLAGS) -> ctyp
     return ctypes.CDLL(str(build(name, source, flags)))
 
 
+def address(fn: ctypes._CFuncPtr) -> int:
+    """A loaded C function's entry point (for C++ that calls the kernels: pageserve_kernels/torch_ops.py)."""
+    return ctypes.cast(fn, ctypes.c_void_p).value or 0
+
+
 def build(name: str, source: str, flags: tuple[str, ...] = FLAGS) -> Path:
     compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
     if compiler is None:
         raise FileNotFoundError("no C compiler (cc/gcc) on PATH")
+    return cached_build(f"{name}.c", source, (compiler, *flags, f"-I{CSRC}"), ("-lm",))
+
+
+def cached_build(file_name: str, source: str, command: tuple[str, ...], libs: tuple[str, ...],
+                 key_extra: tuple[str, ...] = ()) -> Path:
+    """`command -o lib.so file_name libs`, once per source, header, command and CPU (pageserve_kernels/torch_ops.py
+    builds C++ through it too)."""
     headers = [h.read_text() for h in sorted(CSRC.glob("*.h"))]
-    key_parts = [source, *headers, compiler, *flags, cpu_flags_line()]
+    key_parts = [source, *headers, *command, *libs, *key_extra, cpu_flags_line()]
     key = hashlib.sha256("\0".join(key_parts).encode()).hexdigest()[:16]
     from shared.model_store import cache_dir
 
-    target = cache_dir() / "kernels" / f"{name}-{key}.so"
+    stem = file_name.rsplit(".", 1)[0]
+    target = cache_dir() / "kernels" / f"{stem}-{key}.so"
     if target.is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        src = Path(tmp) / f"{name}.c"
+        src = Path(tmp) / file_name
         src.write_text(source)
         lib = Path(tmp) / target.name
-        subprocess.run([compiler, *flags, f"-I{CSRC}", "-o", str(lib), str(src), "-lm"], check=True, capture_output=True)
+        subprocess.run([*command, "-o", str(lib), str(src), *libs], check=True, capture_output=True)
         os.replace(lib, target)  # atomic: concurrent first starts each build, one wins
     return target

@@ -5,7 +5,9 @@ one profile per step, and sums each function's own time (cProfile's tottime)
 into a few categories. The C kernels are called through ctypes, which cProfile
 does not list apart, so their time lands in the Python wrapper that calls them
 (`pageserve_kernels/cpu_decode.py`, `pageserve_kernels/cpu_fused.py`): the rules below match those
-wrappers by file. Steps are split into decode-only steps (every request in the
+wrappers by file. A decode step run by the C++ layer loop (engine/worker/decode_program.py) is one
+call to cProfile; the loop times its own kernels (`PROGRAM_KINDS` says where each goes), and that
+time is moved out of the call into its categories. Steps are split into decode-only steps (every request in the
 step adds one token) and steps that carry prompt tokens, because the two have
 very different shapes. The profiler itself adds a little to the Python share.
 """
@@ -19,8 +21,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import CodeType
 
+import torch
+
 from engine.core import EngineCore
 from engine.request import Request
+from engine.worker.decode_program import TIMED_KINDS, DecodeProgram
 from shared.sampling import SamplingParams
 
 # torch's products as cProfile names them, e.g. "<built-in method torch._C._nn.linear>"
@@ -42,6 +47,8 @@ CATEGORIES: list[tuple[str, Rule]] = [
     ("scheduler", lambda f, n: "engine/scheduling/" in f or f.endswith("engine/request.py")),
 ]
 OTHER = "other Python and torch glue"
+PROGRAM_KINDS = dict(zip(TIMED_KINDS, ("norms, SiLU, rotary", "norms, SiLU, rotary", "KV cache writes",
+                                       "attention: decode", "norms, SiLU, rotary", "matmul"), strict=True))
 
 
 @dataclass
@@ -88,7 +95,10 @@ def profile_steps(core: EngineCore, prompts: list[list[int]], output_lens: list[
     body_flops, vocab_flops = shape.flops_per_token(), 2 * shape.hidden_size * shape.vocab_size
     names: dict[CodeType | str, str] = {}
     result = StepProfile()
+    program = core.runner.fast_decode if isinstance(core.runner.fast_decode, DecodeProgram) else None
     while core.has_unfinished():
+        if program is not None:
+            program.timings = torch.zeros(2, len(TIMED_KINDS), dtype=torch.float64)
         prof = cProfile.Profile()
         t0 = time.perf_counter()
         prof.enable()
@@ -100,6 +110,11 @@ def profile_steps(core: EngineCore, prompts: list[list[int]], output_lens: list[
         for entry in prof.getstats():
             cat = names.get(entry.code) or names.setdefault(entry.code, categorize(entry.code))
             by_category[cat] = by_category.get(cat, 0.0) + entry.inlinetime
+        if program is not None and program.timings is not None:
+            for kind, secs in zip(TIMED_KINDS, program.timings[0].tolist(), strict=True):
+                by_category[PROGRAM_KINDS[kind]] = by_category.get(PROGRAM_KINDS[kind], 0.0) + secs
+                by_category[OTHER] = by_category.get(OTHER, 0.0) - secs  # the op call's own time held them
+            program.timings = None
         by_category[OTHER] = by_category.get(OTHER, 0.0) + seconds - sum(by_category.values())  # unprofiled edges
         kind = result.decode if out.num_tokens == len(out.chunks) else result.prompt
         kind.add(seconds, by_category)

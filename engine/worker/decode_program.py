@@ -1,0 +1,152 @@
+"""CPU decode-only steps through the Llama layers in one C++ call (pageserve_kernels/csrc/decode_layers.cpp).
+
+A decode step calls about a dozen kernels a layer; from Python, each call's wrappers, checks,
+views and ctypes conversions cost tens of microseconds, and between kernels that have just
+streamed a layer's weights through the caches they run 2-3x slower than alone (5.7 ms of an
+85 ms 64-row bfloat16 step, 30 layers, on a Zen 4 host: `pageserve bench step-overhead`).
+The C++ loop calls the very kernels the Python layers would (the C kernels by address, the
+products by the implementation linear.py picked for the step's row count), so its hidden
+states equal the Python forward's bit for bit; what it drops is the glue.
+
+It is the CPU's counterpart of engine/worker/decode_graphs.py (CUDA graphs), behind the same
+`forward(inputs) -> hidden | None` (None: run the Python forward), and it runs a step only when
+every row is a decode through the C decode kernel and every op of the layer has a C kernel
+this host picked (pageserve_kernels/fused_choice.py). Off with `enforce_eager`, or with
+PAGESERVE_KERNEL_CHOICE=decode_layers=python; without a C++ compiler it never loads.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from engine.worker.input_batch import StepInputs
+from engine.worker.layers.attention import PagedAttentionOp, TorchPagedAttention
+from engine.worker.layers.linear import LinearPlan
+from engine.worker.models.llama import LlamaModel
+from pageserve_kernels import choice, cpu_decode, cpu_fused, cpu_fused_bf16, cpu_gemm, fused_choice, torch_ops
+from pageserve_kernels.cpu_decode import VARIANTS
+
+log = logging.getLogger("pageserve.engine")
+
+IMPLS = {"torch": 0, "onednn": 1, "panel": 2}  # decode_layers.cpp's `Dims::impl` codes
+TIMED_KINDS = ("C norms", "C rotary", "KV cache write", "C decode attention", "C silu_and_mul",
+               "linear")  # decode_layers.cpp's `Kind` order, as pageserve bench step-overhead names them
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """One row-count bucket's arguments: which product each projection runs, its weights."""
+
+    layers: list[torch.Tensor]  # per layer: input norm, QKV, O, post norm, gate-up, down, K cache, V cache
+    dims: list[int]  # decode_layers.cpp's `Dims`
+
+
+class DecodeProgram:
+    def __init__(self, model: LlamaModel, kv_layers: list[tuple[torch.Tensor, torch.Tensor]], kernels: list[int],
+                 isa: int) -> None:
+        self.model, self.kv_layers, self.kernels, self.isa = model, kv_layers, kernels, isa
+        s = model.shape
+        self.eps, self.scale = s.rms_norm_eps, s.head_dim**-0.5
+        self._layouts: dict[tuple[str, ...], _Layout] = {}
+        self.timings: torch.Tensor | None = None
+        """Where to add kernel seconds and calls by kind (pageserve bench step-overhead): float64
+        (2, len(TIMED_KINDS)); None (the engine's case) times nothing."""
+
+    @classmethod
+    def build(cls, model: LlamaModel, kv_layers: list[tuple[torch.Tensor, torch.Tensor]],
+              attention: PagedAttentionOp) -> DecodeProgram | None:
+        """The program for this model on this host, or None where its Python forward must run every step."""
+        if choice.forced("decode_layers") == "python" or not _plain_cpu_llama(model, attention):
+            return None
+        kernels = _kernel_addresses(model)
+        if kernels is None or not torch_ops.load("decode_layers"):
+            return None
+        s, key_cache = model.shape, kv_layers[0][0]
+        decode = cpu_decode.load()
+        assert decode is not None  # the attention op planned for it
+        isa = VARIANTS.index(decode.pick(model.dtype, s.num_heads, s.num_kv_heads, s.head_dim, key_cache.shape[1]))
+        log.info("decode steps run the layers in C++ (pageserve_kernels/csrc/decode_layers.cpp)")
+        return cls(model, kv_layers, kernels, isa)
+
+    def forward(self, inputs: StepInputs) -> torch.Tensor | None:
+        """The body's hidden states (T, H) float32, or None when this step is not a plain decode step."""
+        plan, rows = inputs.meta.plan, inputs.input_ids.shape[0]
+        nd = None if plan is None else plan.native_decode
+        if nd is None or nd.rows.shape[0] != rows or rows == 0:  # a prompt row, or no decode kernel planned
+            return None
+        layout = self._layout(rows)
+        h = self.model.embed_tokens(inputs.input_ids)  # (T, H)
+        cos, sin_signed = self.model.rotary.lookup(inputs.positions)  # (T, 1, hd) each
+        timings = torch.empty(0, dtype=torch.float64) if self.timings is None else self.timings
+        return torch.ops.pageserve.decode_layers(
+            h, cos, sin_signed, layout.layers, nd.rows, nd.block_tables, nd.seq_lens, inputs.meta.slot_mapping,
+            self.kernels, [*layout.dims[:3], nd.max_seq_len, self.isa, *layout.dims[3:]], self.eps, self.scale,
+            timings)
+
+    def _layout(self, rows: int) -> _Layout:
+        first = self.model.layers[0]
+        plans = [first.attn.qkv_packed, first.attn.o_packed, first.mlp.gate_up_packed, first.mlp.down_packed]
+        impls = tuple(p.impl_for(rows) for p in plans if isinstance(p, LinearPlan))
+        layout = self._layouts.get(impls)
+        if layout is None:
+            layout = self._layouts[impls] = self._make_layout(impls)
+        return layout
+
+    def _make_layout(self, impls: tuple[str, ...]) -> _Layout:
+        tensors: list[torch.Tensor] = []
+        for layer, (key_cache, value_cache) in zip(self.model.layers, self.kv_layers, strict=True):
+            a, m = layer.attn, layer.mlp
+            weights = [(a.qkv_weight, a.qkv_packed), (a.o_weight, a.o_packed), (m.gate_up_weight, m.gate_up_packed),
+                       (m.down_weight, m.down_packed)]
+            products = [_product_weight(w, p, impl) for (w, p), impl in zip(weights, impls, strict=True)]
+            tensors += [layer.input_norm.weight, *products[:2], layer.post_attn_norm.weight, *products[2:],
+                        key_cache, value_cache]
+        s = self.model.shape
+        outs = [s.num_heads * s.head_dim + 2 * s.num_kv_heads * s.head_dim, s.hidden_size, 2 * s.intermediate_size,
+                s.hidden_size]
+        return _Layout(tensors, [s.num_heads, s.num_kv_heads, s.head_dim, *(IMPLS[i] for i in impls), *outs])
+
+
+def _product_weight(weight: torch.Tensor, plan: object, impl: str) -> torch.Tensor:
+    assert isinstance(plan, LinearPlan)
+    if impl == "onednn":
+        return plan.packed["onednn"]  # type: ignore[return-value]
+    if impl == "panel":
+        return plan.packed["panel"].panels  # type: ignore[attr-defined,no-any-return]
+    return weight
+
+
+def _plain_cpu_llama(model: LlamaModel, attention: PagedAttentionOp) -> bool:
+    """The model the C++ loop mirrors: the plain Llama layers (not tensor-parallel), packed, on the CPU."""
+    if type(model) is not LlamaModel or model.dtype not in (torch.float32, torch.bfloat16):
+        return False
+    if not (isinstance(attention, TorchPagedAttention) and attention.native_decode) or not model.embed.is_cpu:
+        return False
+    for layer in model.layers:
+        a, m = layer.attn, layer.mlp
+        plans = (a.qkv_packed, a.o_packed, m.gate_up_packed, m.down_packed)
+        if a.qkv_bias is not None or not all(isinstance(p, LinearPlan) for p in plans):
+            return False
+        if any(impl not in IMPLS for p in plans for impl in p.impls):  # type: ignore[union-attr]
+            return False
+    return True
+
+
+def _kernel_addresses(model: LlamaModel) -> list[int] | None:
+    """decode_layers.cpp's `Kernels`, or None where some op of the layer would not run its C kernel here."""
+    s, dtype = model.shape, model.dtype
+    fused = cpu_fused.load() if dtype == torch.float32 else cpu_fused_bf16.load()
+    store, decode, gemm = cpu_fused.load(), cpu_decode.load(), cpu_gemm.load()
+    if fused is None or store is None or decode is None:
+        return None
+    widths = {"rms_norm": (s.hidden_size,), "add_rms_norm": (s.hidden_size,),
+              "rotary": (s.num_heads + s.num_kv_heads, s.head_dim), "silu_and_mul": (2 * s.intermediate_size,)}
+    if not all(fused_choice.native_wins(op, fused, dtype, tail) for op, tail in widths.items()):
+        return None
+    addresses = [fused.address(op) for op in ("rms_norm", "add_rms_norm", "rotary", "silu_and_mul")]
+    addresses += [store.address("store_kv"), decode.address(dtype), 0 if gemm is None else gemm.address()]
+    return None if 0 in addresses[:6] else addresses
+
