@@ -11,8 +11,8 @@ OpenMP spreads over the threads torch uses. float32 only.
     rotary         qk = qk * [cos|cos] + [x2|x1] * [-sin|sin]                          (in place)
     argmax         out[n] = first index of max(x[n]), as torch.argmax (greedy sampling: a
                    vectorised max, where ATen's argmax compares one element at a time)
-    near_max       the indices within one ulp (at a given precision) of each row's max: the
-                   candidates engine/worker/layers/exact_logits.py recomputes in float32
+    exact_logits   bfloat16 logits -> float32, each row's values within one ulp of its max recomputed
+                   as float32 products (engine/worker/layers/exact_logits.py; bfloat16 library only)
     store_kv       key_cache[slots[t]] = key[t], value_cache[slots[t]] = value[t]: a byte copy
                    (any dtype), for pageserve_kernels/cpu_attention.py's store_kv
 
@@ -55,7 +55,7 @@ class NativeFused:
             "silu_and_mul": [p, i, p, i, i, n],
             "rotary": [p, i, p, p, i, i, i, i, n],
             "argmax_rows": [p, i, i, i, p, n],  # float32 only
-            "near_max_rows": [p, i, i, i, n, i, p, p, n],  # float32 only
+            "exact_logits": [p, i, p, i, p, i, p, i, i, i, n, i, n],  # bfloat16 only
         }
         self.dtype = dtype
         self._fn: dict[str, Callable[..., None]] = {}
@@ -122,19 +122,21 @@ class NativeFused:
         return out
 
     @property
-    def has_near_max(self) -> bool:
-        return "near_max_rows" in self._fn
+    def has_exact_logits(self) -> bool:
+        return "exact_logits" in self._fn
 
-    def near_max(self, x: torch.Tensor, bits: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(N, V) float32 -> (N, k) int64 indices and (N,) int64 counts: each row's values within one ulp,
-        at `bits` significand bits, of its maximum (the first k listed; the count may be larger)."""
-        n, v = x.shape
-        assert self.has_near_max and x.dtype == torch.float32 and x.stride(1) == 1 and v > 0 and k > 0
-        idx = torch.zeros((n, k), dtype=torch.int64)
-        count = torch.empty(n, dtype=torch.int64)
-        self._fn["near_max_rows"](x.data_ptr(), x.stride(0), n, v, bits, k, idx.data_ptr(), count.data_ptr(),
-                                  _threads())
-        return idx, count
+    def exact_logits(self, logits: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, bits: int,
+                     k: int) -> torch.Tensor:
+        """fused_reference.exact_logits_reference in one pass: (N, V) in this dtype -> (N, V) float32."""
+        n, v = logits.shape
+        h = hidden.shape[1]
+        assert self.has_exact_logits and logits.dtype == hidden.dtype == weight.dtype == self.dtype
+        assert logits.stride(1) == hidden.stride(1) == weight.stride(1) == 1 and k > 0
+        assert hidden.shape[0] == n and weight.shape == (v, h)
+        out = torch.empty((n, v), dtype=torch.float32)
+        self._fn["exact_logits"](logits.data_ptr(), logits.stride(0), hidden.data_ptr(), hidden.stride(0),
+                                 weight.data_ptr(), weight.stride(0), out.data_ptr(), n, v, h, bits, k, _threads())
+        return out
 
     def store_kv(self, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                  slots: torch.Tensor) -> bool:

@@ -18,8 +18,8 @@ import torch
 from pageserve_kernels import cpu_fused, cpu_fused_bf16, fused_choice
 from pageserve_kernels.cpu_fused import NativeFused
 from pageserve_kernels.fused_reference import (  # re-exported: the layers' fallback, the tests' yardstick
+    exact_logits_reference,
     fused_add_rms_norm_reference,
-    near_max_reference,
     rms_norm_reference,
     rotary_reference,
     silu_and_mul_reference,
@@ -76,20 +76,17 @@ NEAR_MAX_LISTED = 8
 """Most candidates a row may have for its maximum before refining it is not worth it (a flat row)."""
 
 
-def near_max_candidates(x: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(rows, cols) of the values of x (N, V) float32 within one ulp, at `bits` significand bits, of their
-    row's maximum: the tokens that could be a row's largest before a rounding to that precision. None
-    when some row has more than NEAR_MAX_LISTED. One C pass where it loaded (the scan and `nonzero` in
-    torch cost 3.9 ms at 64 x 49,152), the torch reference elsewhere."""
-    native = _native(x, torch.float32, "")
-    if native is None or not native.has_near_max or x.dim() != 2 or x.stride(1) != 1 or x.shape[1] == 0:
-        return near_max_reference(x, bits, NEAR_MAX_LISTED)
-    idx, count = native.near_max(x, bits, NEAR_MAX_LISTED)
-    if bool((count > NEAR_MAX_LISTED).any()):
-        return None
-    listed = torch.arange(NEAR_MAX_LISTED) < count[:, None]
-    rows = torch.arange(x.shape[0])[:, None].expand_as(idx)[listed]
-    return rows, idx[listed]
+def exact_logits(logits: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, bits: int) -> torch.Tensor:
+    """logits (N, V) = hidden (N, H) @ weight (V, H)^T rounded to `bits` significand bits -> (N, V) float32,
+    each row's values within one ulp of its maximum recomputed in float32 (fused_reference.exact_logits_reference).
+    One C pass for bfloat16 where it loaded (converting, scanning and refining 64 x 49,152 logits in torch's
+    ops cost about 1 ms of a decode step), the reference elsewhere."""
+    native = _native(logits, logits.dtype, "")
+    if (native is None or not native.has_exact_logits or logits.dim() != 2 or logits.shape[1] == 0
+            or logits.stride(1) != 1 or hidden.stride(1) != 1 or weight.stride(1) != 1
+            or not (logits.dtype == hidden.dtype == weight.dtype)):
+        return exact_logits_reference(logits, hidden, weight, bits, NEAR_MAX_LISTED)
+    return native.exact_logits(logits, hidden, weight, bits, NEAR_MAX_LISTED)
 
 
 def _native(x: torch.Tensor, dtype: torch.dtype, op: str) -> NativeFused | None:

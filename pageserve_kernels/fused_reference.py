@@ -38,14 +38,17 @@ def rotary_reference(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tenso
     return (x32 * cos + swapped * sin_signed).to(x.dtype)
 
 
-def near_max_reference(x: torch.Tensor, bits: int, k: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(rows, cols) of every value of x (N, V) float32 within one unit in the last place, at `bits`
-    significand bits, of its row's finite maximum; None when a row has more than k (a flat row)."""
-    row_max = x.max(dim=1, keepdim=True).values  # NaN where a row has one: no candidates there
+def exact_logits_reference(logits: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, bits: int,
+                           k: int) -> torch.Tensor:
+    """logits (N, V), the vocab product rounded to `bits` significand bits, -> (N, V) float32 where each value
+    within one unit in the last place of its row's finite maximum is the float32 product of hidden (N, H) and
+    its weight row (V, H); a row with more than k such values (a flat row) keeps the rounded values."""
+    out = logits.float()
+    row_max = out.max(dim=1, keepdim=True).values  # NaN where a row has one: no candidates there
     _, exponent = torch.frexp(row_max)
     threshold = row_max - torch.ldexp(torch.ones_like(row_max), exponent - bits)
-    hits = (x >= threshold) & torch.isfinite(row_max)
-    if bool((hits.sum(dim=1) > k).any()):
-        return None
+    hits = (out >= threshold) & torch.isfinite(row_max)
+    hits &= hits.sum(dim=1, keepdim=True) <= k
     rows, cols = torch.nonzero(hits, as_tuple=True)
-    return rows, cols
+    out[rows, cols] = (hidden[rows].float() * weight[cols].float()).sum(dim=1)
+    return out

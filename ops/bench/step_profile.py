@@ -41,7 +41,7 @@ CATEGORIES: list[tuple[str, Rule]] = [
     ("attention: prompts", lambda f, n: f == "~" and ("scaled_dot_product" in n or "index_select" in n)
      or f.endswith("pageserve_kernels/cpu_prefill.py")),
     ("KV cache writes", lambda f, n: f == "~" and "index_copy" in n or n == "store_kv"),
-    ("sampling", lambda f, n: f.endswith(("engine/worker/sampler.py", "engine/scheduling/sample_group.py")) or n == "argmax"),
+    ("sampling", lambda f, n: f.endswith(("engine/worker/sampler.py", "engine/scheduling/sample_group.py")) or n in ("argmax", "exact_logits")),
     ("norms, SiLU, rotary", lambda f, n: f.endswith(("pageserve_kernels/cpu_fused.py", "pageserve_kernels/cpu_fused_bf16.py",
                                                     "pageserve_kernels/fused_ops.py"))),
     ("scheduler", lambda f, n: "engine/scheduling/" in f or f.endswith("engine/request.py")),

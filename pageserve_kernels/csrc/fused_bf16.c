@@ -108,3 +108,58 @@ void rotary_bf16(uint16_t* qk, int64_t row_stride, const float* cos, const float
         }
     }
 }
+
+INLINE float dot_bf16(const uint16_t* a, const uint16_t* b, int64_t H) {
+    float s = 0.f; /* each product is exact in float32 (8 x 8 significand bits); only the sum rounds */
+#pragma omp simd reduction(+ : s)
+    for (int64_t d = 0; d < H; d++) s += bf16_to_f32(a[d]) * bf16_to_f32(b[d]);
+    return s;
+}
+
+/* The row's values that could be its largest before the rounding: those at or above `threshold`, rewritten
+   as the float32 product of hidden and their weight rows, unless there are more than K (a flat row).
+   Blocks of 64 are tested with a vectorised OR first: a hit is rare, the row long. */
+static void refine_row(float* o, int64_t V, float threshold, const uint16_t* hidden, const uint16_t* weight,
+                       int64_t w_stride, int64_t H, int64_t K) {
+    int64_t count = 0;
+#pragma omp simd reduction(+ : count)
+    for (int64_t v = 0; v < V; v++) count += o[v] >= threshold;
+    if (count > K) return;
+    for (int64_t b = 0; b < V; b += 64) {
+        const int64_t end = b + 64 < V ? b + 64 : V;
+        int any = 0;
+#pragma omp simd reduction(| : any)
+        for (int64_t v = b; v < end; v++) any |= o[v] >= threshold;
+        if (!any) continue;
+        for (int64_t v = b; v < end; v++)
+            if (o[v] >= threshold) o[v] = dot_bf16(hidden, weight + v * w_stride, H);
+    }
+}
+
+/* out (N, V) float32 = logits (N, V), the bfloat16-rounded vocab product of hidden (N, H) and weight (V, H),
+   except each row's values within one unit in the last place (at `bits` significand bits) of the row's
+   maximum, which are the exact float32 products: engine/worker/layers/exact_logits.py says why. A row with
+   a NaN or no finite maximum, or more than K such values, keeps its rounded values. One pass converts and
+   finds the maximum; the row then sits in L2 for the rare refinement. */
+void exact_logits_bf16(const uint16_t* logits, int64_t stride, const uint16_t* hidden, int64_t h_stride,
+                       const uint16_t* weight, int64_t w_stride, float* out, int64_t N, int64_t V, int64_t H, int bits,
+                       int64_t K, int nthreads) {
+#pragma omp parallel for num_threads(nthreads) if (N * V >= MIN_PARALLEL) schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+        const uint16_t* row = logits + n * stride;
+        float* o = out + n * V;
+        float m = -INFINITY;
+        int nan = 0;
+#pragma omp simd reduction(max : m) reduction(| : nan)
+        for (int64_t v = 0; v < V; v++) {
+            const float x = bf16_to_f32(row[v]);
+            o[v] = x;
+            m = x > m ? x : m;
+            nan |= x != x;
+        }
+        if (nan || !isfinite(m)) continue;
+        int e;
+        frexpf(m, &e); /* |m| = f * 2^e, f in [0.5, 1): a step of 2^(e - bits) at `bits` bits */
+        refine_row(o, V, m - ldexpf(1.0f, e - bits), hidden + n * h_stride, weight, w_stride, H, K);
+    }
+}

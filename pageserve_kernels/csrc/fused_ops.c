@@ -210,43 +210,6 @@ void argmax_rows_f32(const float* x, int64_t stride, int64_t N, int64_t V, int64
     }
 }
 
-/* Each row's candidates for its largest value before a rounding to `bits` significand bits: the
-   indices within one unit in the last place (at that precision) of the row's maximum, in index
-   order, at most K listed in idx[n * K ...]; count[n] is how many there were (0 for a row with a
-   NaN or no finite maximum). A second vectorised pass: the compare is cheap, a hit rare. */
-void near_max_rows_f32(const float* x, int64_t stride, int64_t N, int64_t V, int bits, int64_t K,
-                       int64_t* idx, int64_t* count, int nthreads) {
-#pragma omp parallel for num_threads(nthreads) if (N * V >= MIN_PARALLEL) schedule(static)
-    for (int64_t n = 0; n < N; n++) {
-        const float* row = x + n * stride;
-        int nan, e;
-        const float m = row_max(row, V, &nan);
-        int64_t c = 0;
-        if (!nan && isfinite(m)) {
-            frexpf(m, &e);  /* |m| = f * 2^e, f in [0.5, 1): a step of 2^(e - bits) at `bits` bits */
-            const float threshold = m - ldexpf(1.0f, e - bits);
-            int64_t d = 0;
-#if HAVE_AVX2
-            const __m256 t = _mm256_set1_ps(threshold);
-            for (; d + 8 <= V; d += 8) {
-                int hits = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(row + d), t, _CMP_GE_OQ));
-                for (int k = 0; hits; k++, hits >>= 1)
-                    if (hits & 1) {
-                        if (c < K) idx[n * K + c] = d + k;
-                        c++;
-                    }
-            }
-#endif
-            for (; d < V; d++)
-                if (row[d] >= threshold) {
-                    if (c < K) idx[n * K + c] = d;
-                    c++;
-                }
-        }
-        count[n] = c;
-    }
-}
-
 /* This step's K and V rows into their cache slots: row t of key (value) -> row slots[t] of key_cache
    (value_cache). A byte copy, so any dtype: `width` bytes a row, source rows `key_stride` and
    `value_stride` bytes apart (slices of the QKV product), cache rows contiguous. A slot outside
