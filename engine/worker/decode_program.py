@@ -18,7 +18,7 @@ PAGESERVE_KERNEL_CHOICE=decode_layers=python; without a C++ compiler it never lo
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -30,18 +30,11 @@ from pageserve_kernels import choice, cpu_decode, cpu_fused, cpu_fused_bf16, cpu
 from pageserve_kernels.cpu_decode import VARIANTS
 
 log = logging.getLogger("pageserve.engine")
+_NO_TIMINGS = torch.empty(0, dtype=torch.float64)
 
 IMPLS = {"torch": 0, "onednn": 1, "panel": 2}  # decode_layers.cpp's `Dims::impl` codes
 TIMED_KINDS = ("C norms", "C rotary", "KV cache write", "C decode attention", "C silu_and_mul",
                "linear")  # decode_layers.cpp's `Kind` order, as pageserve bench step-overhead names them
-
-
-@dataclass(frozen=True)
-class _Layout:
-    """One row-count bucket's arguments: which product each projection runs, its weights."""
-
-    layers: list[torch.Tensor]  # per layer: input norm, QKV, O, post norm, gate-up, down, K cache, V cache
-    dims: list[int]  # decode_layers.cpp's `Dims`
 
 
 class DecodeProgram:
@@ -50,7 +43,8 @@ class DecodeProgram:
         self.model, self.kv_layers, self.kernels, self.isa = model, kv_layers, kernels, isa
         s = model.shape
         self.eps, self.scale = s.rms_norm_eps, s.head_dim**-0.5
-        self._layouts: dict[tuple[str, ...], _Layout] = {}
+        self._layers: dict[tuple[str, ...], Any] = {}
+        """decode_layers.cpp's `DecodeLayers` for each choice of products (row buckets sharing it share it)."""
         self.timings: torch.Tensor | None = None
         """Where to add kernel seconds and calls by kind (pageserve bench step-overhead): float64
         (2, len(TIMED_KINDS)); None (the engine's case) times nothing."""
@@ -77,25 +71,23 @@ class DecodeProgram:
         nd = None if plan is None else plan.native_decode
         if nd is None or nd.rows.shape[0] != rows or rows == 0:  # a prompt row, or no decode kernel planned
             return None
-        layout = self._layout(rows)
+        layers = self._layers_for(rows)
         h = self.model.embed_tokens(inputs.input_ids)  # (T, H)
         cos, sin_signed = self.model.rotary.lookup(inputs.positions)  # (T, 1, hd) each
-        timings = torch.empty(0, dtype=torch.float64) if self.timings is None else self.timings
-        return torch.ops.pageserve.decode_layers(
-            h, cos, sin_signed, layout.layers, nd.rows, nd.block_tables, nd.seq_lens, inputs.meta.slot_mapping,
-            self.kernels, [*layout.dims[:3], nd.max_seq_len, self.isa, *layout.dims[3:]], self.eps, self.scale,
-            timings)
+        timings = _NO_TIMINGS if self.timings is None else self.timings
+        return layers.run(h, cos, sin_signed, nd.rows, nd.block_tables, nd.seq_lens, inputs.meta.slot_mapping,  # type: ignore[no-any-return]
+                          nd.max_seq_len, timings)
 
-    def _layout(self, rows: int) -> _Layout:
+    def _layers_for(self, rows: int) -> Any:
         first = self.model.layers[0]
         plans = [first.attn.qkv_packed, first.attn.o_packed, first.mlp.gate_up_packed, first.mlp.down_packed]
         impls = tuple(p.impl_for(rows) for p in plans if isinstance(p, LinearPlan))
-        layout = self._layouts.get(impls)
-        if layout is None:
-            layout = self._layouts[impls] = self._make_layout(impls)
-        return layout
+        layers = self._layers.get(impls)
+        if layers is None:
+            layers = self._layers[impls] = self._make_layers(impls)
+        return layers
 
-    def _make_layout(self, impls: tuple[str, ...]) -> _Layout:
+    def _make_layers(self, impls: tuple[str, ...]) -> Any:
         tensors: list[torch.Tensor] = []
         for layer, (key_cache, value_cache) in zip(self.model.layers, self.kv_layers, strict=True):
             a, m = layer.attn, layer.mlp
@@ -107,7 +99,8 @@ class DecodeProgram:
         s = self.model.shape
         outs = [s.num_heads * s.head_dim + 2 * s.num_kv_heads * s.head_dim, s.hidden_size, 2 * s.intermediate_size,
                 s.hidden_size]
-        return _Layout(tensors, [s.num_heads, s.num_kv_heads, s.head_dim, *(IMPLS[i] for i in impls), *outs])
+        dims = [s.num_heads, s.num_kv_heads, s.head_dim, self.isa, *(IMPLS[i] for i in impls), *outs]
+        return torch.classes.pageserve.DecodeLayers(tensors, self.kernels, dims, self.eps, self.scale)
 
 
 def _product_weight(weight: torch.Tensor, plan: object, impl: str) -> torch.Tensor:

@@ -15,6 +15,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/custom_class.h>
 #include <torch/library.h>
 
 #include <chrono>
@@ -32,7 +33,7 @@ using PagedDecode = void (*)(const void*, const void*, const void*, void*, const
                              int64_t, int);
 using GemmF32 = void (*)(const float*, int64_t, const float*, const float*, float*, int64_t, int64_t, int64_t, int);
 
-/* The order of `kernels` (engine/worker/decode_program.py's KERNELS). */
+/* The order of `kernels` (engine/worker/decode_program.py's `_kernel_addresses`). */
 struct Kernels {
     RmsNorm rms_norm;
     AddRmsNorm add_rms_norm;
@@ -43,9 +44,9 @@ struct Kernels {
     GemmF32 gemm;  // null where the panel GEMM did not load
 };
 
-/* The order of `dims` (decode_program.py's DIMS). */
+/* The order of `dims` (engine/worker/decode_program.py's `_make_layers`). */
 struct Dims {
-    int64_t n_q, n_kv, hd, max_seq, isa;
+    int64_t n_q, n_kv, hd, isa;
     int64_t impl[4];  // qkv, o, gate_up, down: 0 at::linear, 1 oneDNN packed, 2 panel GEMM
     int64_t out[4];   // their output widths
 };
@@ -97,12 +98,14 @@ struct Step {
     const Dims& d;
     Timer time;
     int threads;
+    int64_t max_seq;
     float eps, scale;
     const at::Tensor &cos, &sin, &rows, &tables, &seq_lens, &slots;
+    const at::Tensor &attn_out, &act;  // (T, n_q * hd), (T, I): every layer's, allocated once a step
 };
 
 /* Attention of one layer: q and k rotated in place in the QKV product, K/V written, decode attention. */
-at::Tensor attend(const Step& s, at::Tensor& qkv, at::Tensor& key_cache, at::Tensor& value_cache) {
+const at::Tensor& attend(const Step& s, at::Tensor& qkv, at::Tensor& key_cache, at::Tensor& value_cache) {
     const Dims& d = s.d;
     const int64_t t = qkv.size(0), item = qkv.element_size(), row = qkv.stride(0);
     char* base = static_cast<char*>(qkv.data_ptr());
@@ -118,13 +121,13 @@ at::Tensor attend(const Step& s, at::Tensor& qkv, at::Tensor& key_cache, at::Ten
                             num_slots);
     });
     TORCH_CHECK_INDEX(bad == 0, bad, " KV cache slots outside [0, ", num_slots, ")");
-    auto out = at::empty({t, d.n_q, d.hd}, qkv.options());
     s.time(ATTENTION, [&] {
-        s.k.decode(base, key_cache.data_ptr(), value_cache.data_ptr(), out.data_ptr(), s.rows.data_ptr<int64_t>(),
+        s.k.decode(base, key_cache.data_ptr(), value_cache.data_ptr(), s.attn_out.data_ptr(),
+                   s.rows.data_ptr<int64_t>(),
                    s.tables.data_ptr<int64_t>(), s.tables.size(1), s.seq_lens.data_ptr<int64_t>(), s.rows.size(0),
-                   d.n_q, d.n_kv, d.hd, key_cache.size(1), s.scale, d.max_seq, s.threads, row, (int)d.isa);
+                   d.n_q, d.n_kv, d.hd, key_cache.size(1), s.scale, s.max_seq, s.threads, row, (int)d.isa);
     });
-    return out.view({t, d.n_q * d.hd});
+    return s.attn_out;
 }
 
 /* One decoder layer; `w` its eight tensors: input norm, QKV, O, post-attention norm, gate-up, down,
@@ -147,64 +150,79 @@ void layer(const Step& s, at::TensorList w, at::Tensor& h, at::Tensor& residual,
     }
     auto qkv = s.time(LINEAR, [&] { return linear(s.k, d.impl[0], h, w[1], d.out[0], s.threads); });
     at::Tensor key_cache = w[6], value_cache = w[7];
-    auto o = attend(s, qkv, key_cache, value_cache);
+    const at::Tensor& o = attend(s, qkv, key_cache, value_cache);
     h = s.time(LINEAR, [&] { return linear(s.k, d.impl[1], o, w[2], d.out[1], s.threads); });
     s.time(NORM, [&] {
         s.k.add_rms_norm(h.data_ptr(), residual.data_ptr<float>(), w[3].data_ptr(), t, hidden, s.eps, s.threads);
     });
     auto gate_up = s.time(LINEAR, [&] { return linear(s.k, d.impl[2], h, w[4], d.out[2], s.threads); });
-    const int64_t inter = gate_up.size(1) / 2;
-    auto act = at::empty({t, inter}, gate_up.options());
     s.time(SILU, [&] {
-        s.k.silu_and_mul(gate_up.data_ptr(), gate_up.stride(0), act.data_ptr(), t, inter, s.threads);
+        s.k.silu_and_mul(gate_up.data_ptr(), gate_up.stride(0), s.act.data_ptr(), t, s.act.size(1), s.threads);
     });
-    h = s.time(LINEAR, [&] { return linear(s.k, d.impl[3], act, w[5], d.out[3], s.threads); });
+    h = s.time(LINEAR, [&] { return linear(s.k, d.impl[3], s.act, w[5], d.out[3], s.threads); });
 }
 
-void check(const at::Tensor& h, at::TensorList layers, const at::Tensor& rows, const at::Tensor& tables,
-           const at::Tensor& seq_lens, const at::Tensor& slots, const at::Tensor& cos, const Dims& d) {
+void check_step(const at::Tensor& h, const at::Tensor& rows, const at::Tensor& tables, const at::Tensor& seq_lens,
+                const at::Tensor& slots, const at::Tensor& cos, const at::Tensor& timings) {
     const int64_t t = h.size(0);
-    TORCH_CHECK(h.dim() == 2 && h.is_contiguous() && layers.size() % 8 == 0, "decode_layers: bad inputs");
+    TORCH_CHECK(h.dim() == 2 && h.is_contiguous(), "decode_layers: h must be (T, H) contiguous");
     TORCH_CHECK(rows.size(0) == t && slots.size(0) == t && seq_lens.size(0) == t && tables.size(0) == t,
                 "decode_layers: every row must be a decode row");
     for (const auto* x : {&rows, &tables, &seq_lens, &slots})
         TORCH_CHECK(x->scalar_type() == at::kLong && x->is_contiguous(), "decode_layers: int64 metadata");
     TORCH_CHECK(cos.scalar_type() == at::kFloat && cos.size(0) == t && cos.stride(-1) == 1, "decode_layers: rotary");
-    for (size_t i = 6; i < layers.size(); i += 8)
-        TORCH_CHECK(layers[i].is_contiguous() && layers[i + 1].is_contiguous() &&
-                        layers[i].scalar_type() == h.scalar_type() && layers[i].size(3) == d.hd,
-                    "decode_layers: KV caches");
-}
-
-/* The whole body after the embedding: hidden (T, H) float32 = residual + h after the last layer. */
-at::Tensor decode_layers(at::Tensor h, const at::Tensor& cos, const at::Tensor& sin, at::TensorList layers,
-                         const at::Tensor& rows, const at::Tensor& tables, const at::Tensor& seq_lens,
-                         const at::Tensor& slots, at::IntArrayRef kernels, at::IntArrayRef dims, double eps,
-                         double scale, at::Tensor timings) {
-    TORCH_CHECK(kernels.size() == 7 && dims.size() == 13, "decode_layers: bad kernel or dimension lists");
-    Kernels k{reinterpret_cast<RmsNorm>(kernels[0]), reinterpret_cast<AddRmsNorm>(kernels[1]),
-              reinterpret_cast<Rotary>(kernels[2]), reinterpret_cast<SiluAndMul>(kernels[3]),
-              reinterpret_cast<StoreKv>(kernels[4]), reinterpret_cast<PagedDecode>(kernels[5]),
-              reinterpret_cast<GemmF32>(kernels[6])};
-    Dims d{dims[0], dims[1], dims[2], dims[3], dims[4], {dims[5], dims[6], dims[7], dims[8]},
-           {dims[9], dims[10], dims[11], dims[12]}};
-    check(h, layers, rows, tables, seq_lens, slots, cos, d);
     TORCH_CHECK(timings.numel() == 0 || (timings.numel() == 2 * NUM_KINDS && timings.scalar_type() == at::kDouble &&
                                          timings.is_contiguous()),
                 "decode_layers: timings");
-    double* seconds = timings.numel() ? timings.data_ptr<double>() : nullptr;
-    Step s{k, d, Timer{seconds}, at::get_num_threads(), (float)eps, (float)scale, cos, sin, rows, tables, seq_lens,
-           slots};
-    at::Tensor residual;
-    for (size_t i = 0; i < layers.size(); i += 8) layer(s, layers.slice(i, 8), h, residual, i == 0);
-    return residual.defined() ? residual + h : h.to(at::kFloat);
 }
+
+/* A model's layers for one choice of products (engine/worker/decode_program.py makes one per row bucket's
+   choice): built once, so a step passes only its own tensors. */
+struct DecodeLayers : torch::CustomClassHolder {
+    std::vector<at::Tensor> layers;  // per layer: input norm, QKV, O, post norm, gate-up, down, K cache, V cache
+    Kernels k;
+    Dims d;
+    double eps, scale;
+
+    DecodeLayers(std::vector<at::Tensor> layers_, std::vector<int64_t> kernels, std::vector<int64_t> dims,
+                 double eps_, double scale_)
+        : layers(std::move(layers_)), eps(eps_), scale(scale_) {
+        TORCH_CHECK(kernels.size() == 7 && dims.size() == 12 && !layers.empty() && layers.size() % 8 == 0,
+                    "DecodeLayers: bad kernel, dimension or layer lists");
+        k = Kernels{reinterpret_cast<RmsNorm>(kernels[0]), reinterpret_cast<AddRmsNorm>(kernels[1]),
+                    reinterpret_cast<Rotary>(kernels[2]), reinterpret_cast<SiluAndMul>(kernels[3]),
+                    reinterpret_cast<StoreKv>(kernels[4]), reinterpret_cast<PagedDecode>(kernels[5]),
+                    reinterpret_cast<GemmF32>(kernels[6])};
+        d = Dims{dims[0], dims[1], dims[2], dims[3], {dims[4], dims[5], dims[6], dims[7]},
+                 {dims[8], dims[9], dims[10], dims[11]}};
+        for (size_t i = 6; i < layers.size(); i += 8)
+            TORCH_CHECK(layers[i].is_contiguous() && layers[i + 1].is_contiguous() && layers[i].dim() == 4 &&
+                            layers[i].size(3) == d.hd && layers[i].sizes() == layers[i + 1].sizes(),
+                        "DecodeLayers: KV caches");
+    }
+
+    /* The whole body after the embedding: hidden (T, H) float32 = residual + h after the last layer. */
+    at::Tensor run(at::Tensor h, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& rows,
+                   const at::Tensor& tables, const at::Tensor& seq_lens, const at::Tensor& slots, int64_t max_seq,
+                   const at::Tensor& timings) {
+        check_step(h, rows, tables, seq_lens, slots, cos, timings);
+        TORCH_CHECK(layers[6].scalar_type() == h.scalar_type(), "decode_layers: h and the KV cache differ in dtype");
+        double* seconds = timings.numel() ? timings.data_ptr<double>() : nullptr;
+        const int64_t t = h.size(0);
+        at::Tensor attn_out = at::empty({t, d.n_q * d.hd}, h.options()), act = at::empty({t, d.out[2] / 2}, h.options());
+        Step s{k, d, Timer{seconds}, at::get_num_threads(), max_seq, (float)eps, (float)scale, cos, sin, rows,
+               tables, seq_lens, slots, attn_out, act};
+        at::Tensor residual;
+        at::TensorList all(layers);
+        for (size_t i = 0; i < layers.size(); i += 8) layer(s, all.slice(i, 8), h, residual, i == 0);
+        return residual + h;
+    }
+};
 
 }  // namespace
 
 TORCH_LIBRARY(pageserve, m) {
-    // A catch-all kernel: its inputs mix dense and oneDNN-layout tensors, and it runs under inference_mode.
-    m.def("decode_layers(Tensor h, Tensor cos, Tensor sin, Tensor[] layers, Tensor rows, Tensor tables, "
-          "Tensor seq_lens, Tensor slots, int[] kernels, int[] dims, float eps, float scale, Tensor timings) -> Tensor",
-          TORCH_FN(decode_layers));
+    m.class_<DecodeLayers>("DecodeLayers")
+        .def(torch::init<std::vector<at::Tensor>, std::vector<int64_t>, std::vector<int64_t>, double, double>())
+        .def("run", &DecodeLayers::run);
 }
