@@ -89,7 +89,7 @@ class EngineConfig:
     """Seeds the generators of requests that give no seed of their own."""
     enforce_eager: bool = False
     """Run decode steps through the Python layers: no CUDA graphs (engine/worker/decode_graphs.py), no C++
-    layer loop on CPUs (engine/worker/decode_program.py)."""
+    layer loop on CPUs (engine/worker/native_layers.py)."""
     default_sampling: str | None = None
     """--default-sampling: a JSON object overriding the model's sampling defaults key by key
     (engine/worker/sampling_defaults.py); None: the model's own."""

@@ -28,11 +28,11 @@ from engine.scheduling.scheduler import Scheduler, SchedulerStats
 from engine.serving.step_stats import CoreCounts
 from engine.step_failures import RequestsFailed, is_fatal
 from engine.worker.decode_graphs import DecodeGraphs, bucket_sizes
-from engine.worker.decode_program import DecodeProgram
 from engine.worker.kernel_warmup import warm_up_triton
 from engine.worker.kv_cache import CacheLayout, KVCache
 from engine.worker.model_loader import DTYPES, load_model
 from engine.worker.model_runner import ModelRunner
+from engine.worker.native_layers import NativeLayers
 from engine.worker.sampler import Sampler
 from engine.worker.sampling_defaults import resolve_sampling_defaults
 from engine.worker.structured_outputs import StructuredOutputs
@@ -96,9 +96,9 @@ class EngineCore:
         if backend.name == "triton" and self.kv_cache.device_pool.device.type == "cuda" and not config.enforce_eager:
             graphs = DecodeGraphs(loaded.model, self.kv_cache.layers, self.runner.attention)
             graphs.capture(bucket_sizes(config.scheduler.max_num_seqs), max_model_len, layout.block_size)
-            self.runner.fast_decode = graphs
+            self.runner.fast_forward = graphs
         elif backend.name == "torch" and not config.enforce_eager:
-            self.runner.fast_decode = DecodeProgram.build(loaded.model, self.kv_cache.layers, self.runner.attention)
+            self.runner.fast_forward = NativeLayers.build(loaded.model, self.kv_cache.layers, self.runner.attention)
         defaults = resolve_sampling_defaults(loaded.path, loaded.name, config.default_sampling)
         self.model_info = ModelInfo(
             model_name=loaded.name,

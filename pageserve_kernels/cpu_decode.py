@@ -64,7 +64,7 @@ class NativeDecode:
         self._picks: dict[tuple[object, ...], int] = {}
 
     def address(self, dtype: torch.dtype) -> int:
-        """The C function for `dtype`, for pageserve_kernels/csrc/decode_layers.cpp."""
+        """The C function for `dtype`, for pageserve_kernels/csrc/llama_layers.cpp."""
         return native_build.address(self._fns[dtype])
 
     def applicable(self, dtype: torch.dtype, head_dim: int) -> tuple[str, ...]:

@@ -70,7 +70,7 @@ class NativeFused:
             self._fn["store_kv"] = store
 
     def address(self, op: str) -> int:
-        """The C function of `op` (0 where this build lacks it), for pageserve_kernels/csrc/decode_layers.cpp."""
+        """The C function of `op` (0 where this build lacks it), for pageserve_kernels/csrc/llama_layers.cpp."""
         fn = self._fn.get(op)
         return 0 if fn is None else native_build.address(fn)
 

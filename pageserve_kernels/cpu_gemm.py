@@ -65,7 +65,7 @@ class NativeGemm:
         self._fn.restype, self._fn.argtypes = None, [p, i, p, p, p, i, i, i, ctypes.c_int]
 
     def address(self) -> int:
-        """The C function, for pageserve_kernels/csrc/decode_layers.cpp."""
+        """The C function, for pageserve_kernels/csrc/llama_layers.cpp."""
         return native_build.address(self._fn)
 
     def linear(self, x: torch.Tensor, w: PanelWeight, bias: torch.Tensor | None = None) -> torch.Tensor:

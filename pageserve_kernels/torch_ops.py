@@ -1,7 +1,7 @@
 """C++ sources that register torch operators (`TORCH_LIBRARY`), compiled once and loaded into `torch.ops`.
 
 For code that must call torch itself, which the ctypes C kernels cannot: today the decode layer
-stack (pageserve_kernels/csrc/decode_layers.cpp, whose products go through oneDNN's packed weights).
+stack (pageserve_kernels/csrc/llama_layers.cpp, whose products go through oneDNN's packed weights).
 Built with the system C++ compiler against the installed torch's headers and libraries
 (`torch.utils.cpp_extension`'s paths) and cached like the C kernels (pageserve_kernels/native_build.py:
 keyed by source, compiler, flags, CPU and torch version). Without a compiler, or with

@@ -20,11 +20,11 @@ from engine.outputs import RunnerOutput, SchedulerOutput
 from engine.step_failures import EngineStateLost
 from engine.worker import host_allocator
 from engine.worker.decode_graphs import DecodeGraphs
-from engine.worker.decode_program import DecodeProgram
 from engine.worker.input_batch import build_step_inputs, order_chunks
 from engine.worker.kv_cache import KVCache
 from engine.worker.layers.attention import KernelPagedAttention, PagedAttentionOp, TorchPagedAttention
 from engine.worker.models.llama import LlamaModel
+from engine.worker.native_layers import NativeLayers
 from engine.worker.sampler import Sampler
 from engine.worker.structured_outputs import StructuredOutputs
 from pageserve_kernels.cpu_attention import native_decode_available
@@ -58,7 +58,7 @@ class ModelRunner:
         self.device = kv_cache.device_pool.device
         self.block_size = kv_cache.layout.block_size
         self.attention = make_attention(attention_backend, self.device, kv_cache.layout.dtype)
-        self.fast_decode: DecodeGraphs | DecodeProgram | None = None
+        self.fast_forward: DecodeGraphs | NativeLayers | None = None
         """Decode-only steps without the Python forward: recorded CUDA graphs, or the CPU's C++ layer loop
         (EngineCore sets it up at start-up; its forward returns None for steps it does not cover)."""
         self.before_step: Callable[[SchedulerOutput], None] | None = None
@@ -78,7 +78,7 @@ class ModelRunner:
             return RunnerOutput({})
         with torch.inference_mode():
             inputs = build_step_inputs(order_chunks(out.chunks), self.block_size, self.device, self.attention)
-            hidden = self.fast_decode.forward(inputs) if self.fast_decode is not None else None
+            hidden = self.fast_forward.forward(inputs) if self.fast_forward is not None else None
             if hidden is None:
                 hidden = self.model(inputs.input_ids, inputs.positions, self.kv_cache.layers, inputs.meta,
                                     self.attention)

@@ -37,7 +37,7 @@ import engine.worker.model_runner as model_runner
 from engine.core import EngineCore
 from engine.llm import LLM
 from engine.request import Request
-from engine.worker.decode_program import TIMED_KINDS, DecodeProgram
+from engine.worker.native_layers import TIMED_KINDS, NativeLayers
 from pageserve_kernels import cpu_attention, cpu_decode, cpu_fused, cpu_fused_bf16, cpu_gemm
 from shared.gc_pauses import freeze_startup_objects
 from shared.sampling import SamplingParams
@@ -74,7 +74,7 @@ class Clock:
         return timed
 
     def add_kernels(self, seconds: dict[str, float], calls: dict[str, int]) -> None:
-        """Kernels timed elsewhere (inside the C++ decode program), in the current stage."""
+        """Kernels timed elsewhere (inside the C++ layers: engine/worker/native_layers.py), in the current stage."""
         for name, spent in seconds.items():
             self.kernel_s[name] += spent
             self.kernel_in_stage_s[self.stage] += spent
@@ -137,25 +137,25 @@ def instrumentation(core: EngineCore, clock: Clock) -> list[tuple[Any, str, Call
     pairs += [(torch.ops.mkldnn, "_linear_pointwise", k("oneDNN linear")), (F, "linear", k("torch linear")),
               (F, "embedding", k("embedding")), (cpu_attention, "store_kv", k("KV cache write"))]
     model, runner = core.runner.model, core.runner
-    if isinstance(runner.fast_decode, DecodeProgram):
-        pairs.append((runner.fast_decode, "forward", lambda fn: clock.staged("forward", program_timed(fn, clock))))
+    if isinstance(runner.fast_forward, NativeLayers):
+        pairs.append((runner.fast_forward, "forward", lambda fn: clock.staged("forward", native_timed(fn, clock))))
     pairs += [(core.scheduler, "schedule", s("schedule")), (core.scheduler, "update", s("update")),
               (model_runner, "build_step_inputs", s("inputs")), (model, "forward", s("forward")),
               (model, "compute_logits", s("logits")), (runner.sampler, "sample_with_logprobs", s("sample"))]
     return pairs
 
 
-def program_timed(forward: Callable[..., Any], clock: Clock) -> Callable[..., Any]:
-    """The C++ decode program's forward, its kernels timed inside it and added to the clock."""
-    program = forward.__self__  # type: ignore[attr-defined]
+def native_timed(forward: Callable[..., Any], clock: Clock) -> Callable[..., Any]:
+    """The C++ layers' forward, its kernels timed inside it and added to the clock."""
+    native = forward.__self__  # type: ignore[attr-defined]
 
     def timed(*args: Any) -> Any:
-        program.timings = torch.zeros(2, len(TIMED_KINDS), dtype=torch.float64)
+        native.timings = torch.zeros(2, len(TIMED_KINDS), dtype=torch.float64)
         try:
             return forward(*args)
         finally:
-            seconds, calls = program.timings.tolist()
-            program.timings = None
+            seconds, calls = native.timings.tolist()
+            native.timings = None
             clock.add_kernels(dict(zip(TIMED_KINDS, seconds, strict=True)),
                               {k: int(c) for k, c in zip(TIMED_KINDS, calls, strict=True)})
     return timed
@@ -220,14 +220,14 @@ def main(argv: list[str]) -> int:
     p.add_argument("--steps", type=int, default=10, help="steps per round and mode")
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--eager", action="store_true", help="decode steps through the Python layers (no C++ program)")
+    p.add_argument("--eager", action="store_true", help="steps through the Python layers (not the C++ ones)")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     llm = LLM(args.model, dtype=args.dtype, enforce_eager=args.eager)
     core = decoding_core(llm, args.running, args.context)
     freeze_startup_objects()  # as the engine process does before serving: no full collection walks the model
-    layers = "C++ decode program" if core.runner.fast_decode is not None else "Python layers"
+    layers = "C++ layers" if core.runner.fast_forward is not None else "Python layers"
     print(f"{args.model}, {core.dtype}, {torch.get_num_threads()} threads, {layers}")
     measure(core, 3, 1)  # warm-up: both modes once
     report(*measure(core, args.steps, args.rounds), args.running)

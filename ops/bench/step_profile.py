@@ -5,7 +5,7 @@ one profile per step, and sums each function's own time (cProfile's tottime)
 into a few categories. The C kernels are called through ctypes, which cProfile
 does not list apart, so their time lands in the Python wrapper that calls them
 (`pageserve_kernels/cpu_decode.py`, `pageserve_kernels/cpu_fused.py`): the rules below match those
-wrappers by file. A decode step run by the C++ layer loop (engine/worker/decode_program.py) is one
+wrappers by file. A step run by the C++ layer loop (engine/worker/native_layers.py) is one
 call to cProfile; the loop times its own kernels (`PROGRAM_KINDS` says where each goes), and that
 time is moved out of the call into its categories. Steps are split into decode-only steps (every request in the
 step adds one token) and steps that carry prompt tokens, because the two have
@@ -25,7 +25,7 @@ import torch
 
 from engine.core import EngineCore
 from engine.request import Request
-from engine.worker.decode_program import TIMED_KINDS, DecodeProgram
+from engine.worker.native_layers import TIMED_KINDS, NativeLayers
 from shared.sampling import SamplingParams
 
 # torch's products as cProfile names them, e.g. "<built-in method torch._C._nn.linear>"
@@ -48,7 +48,8 @@ CATEGORIES: list[tuple[str, Rule]] = [
 ]
 OTHER = "other Python and torch glue"
 PROGRAM_KINDS = dict(zip(TIMED_KINDS, ("norms, SiLU, rotary", "norms, SiLU, rotary", "KV cache writes",
-                                       "attention: decode", "norms, SiLU, rotary", "matmul"), strict=True))
+                                       "attention: decode", "norms, SiLU, rotary", "matmul", "attention: prompts"),
+                         strict=True))
 
 
 @dataclass
@@ -95,10 +96,10 @@ def profile_steps(core: EngineCore, prompts: list[list[int]], output_lens: list[
     body_flops, vocab_flops = shape.flops_per_token(), 2 * shape.hidden_size * shape.vocab_size
     names: dict[CodeType | str, str] = {}
     result = StepProfile()
-    program = core.runner.fast_decode if isinstance(core.runner.fast_decode, DecodeProgram) else None
+    native = core.runner.fast_forward if isinstance(core.runner.fast_forward, NativeLayers) else None
     while core.has_unfinished():
-        if program is not None:
-            program.timings = torch.zeros(2, len(TIMED_KINDS), dtype=torch.float64)
+        if native is not None:
+            native.timings = torch.zeros(2, len(TIMED_KINDS), dtype=torch.float64)
         prof = cProfile.Profile()
         t0 = time.perf_counter()
         prof.enable()
@@ -110,11 +111,11 @@ def profile_steps(core: EngineCore, prompts: list[list[int]], output_lens: list[
         for entry in prof.getstats():
             cat = names.get(entry.code) or names.setdefault(entry.code, categorize(entry.code))
             by_category[cat] = by_category.get(cat, 0.0) + entry.inlinetime
-        if program is not None and program.timings is not None:
-            for kind, secs in zip(TIMED_KINDS, program.timings[0].tolist(), strict=True):
+        if native is not None and native.timings is not None:
+            for kind, secs in zip(TIMED_KINDS, native.timings[0].tolist(), strict=True):
                 by_category[PROGRAM_KINDS[kind]] = by_category.get(PROGRAM_KINDS[kind], 0.0) + secs
                 by_category[OTHER] = by_category.get(OTHER, 0.0) - secs  # the op call's own time held them
-            program.timings = None
+            native.timings = None
         by_category[OTHER] = by_category.get(OTHER, 0.0) + seconds - sum(by_category.values())  # unprofiled edges
         kind = result.decode if out.num_tokens == len(out.chunks) else result.prompt
         kind.add(seconds, by_category)

@@ -1,7 +1,7 @@
 """pageserve_kernels/torch_ops.py: C++ torch operators load, or the caller is told to keep its Python path.
 
-The real source's build and use are tested through engine/worker/decode_program.py
-(tests/engine/worker/test_decode_program.py); here, what happens when a build cannot succeed.
+The real source's build and use are tested through engine/worker/native_layers.py
+(tests/engine/worker/test_native_layers.py); here, what happens when a build cannot succeed.
 """
 
 from __future__ import annotations

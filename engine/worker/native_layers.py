@@ -1,18 +1,19 @@
-"""CPU decode-only steps through the Llama layers in one C++ call (pageserve_kernels/csrc/decode_layers.cpp).
+"""CPU steps through the Llama layers in one C++ call (pageserve_kernels/csrc/llama_layers.cpp).
 
-A decode step calls about a dozen kernels a layer; from Python, each call's wrappers, checks,
-views and ctypes conversions cost tens of microseconds, and between kernels that have just
-streamed a layer's weights through the caches they run 2-3x slower than alone (5.7 ms of an
-85 ms 64-row bfloat16 step, 30 layers, on a Zen 4 host: `pageserve bench step-overhead`).
-The C++ loop calls the very kernels the Python layers would (the C kernels by address, the
-products by the implementation linear.py picked for the step's row count), so its hidden
-states equal the Python forward's bit for bit; what it drops is the glue.
+A step calls about a dozen kernels a layer; from Python, each call's wrappers, checks, views and
+ctypes conversions cost tens of microseconds, and between kernels that have just streamed a
+layer's weights through the caches they run 2-3x slower than alone (5.4-6.6 ms of a 64-row
+bfloat16 decode step, 30 layers, on a Zen 4 host: `pageserve bench step-overhead`). The C++
+loop calls the very kernels the Python layers would (the C kernels by address, the products by
+the implementation linear.py picked for the step's row count), so its hidden states equal the
+Python forward's bit for bit; what it drops is the glue.
 
-It is the CPU's counterpart of engine/worker/decode_graphs.py (CUDA graphs), behind the same
-`forward(inputs) -> hidden | None` (None: run the Python forward), and it runs a step only when
-every row is a decode through the C decode kernel and every op of the layer has a C kernel
-this host picked (pageserve_kernels/fused_choice.py). Off with `enforce_eager`, or with
-PAGESERVE_KERNEL_CHOICE=decode_layers=python; without a C++ compiler it never loads.
+It runs every step whose attention the C kernels take whole (decode rows through
+pageserve_kernels/cpu_decode.py, prompt chunks through pageserve_kernels/cpu_prefill.py) when every
+op of the layer has a C kernel this host picked (pageserve_kernels/fused_choice.py); other steps
+run the Python forward. It is the CPU's counterpart of engine/worker/decode_graphs.py (CUDA graphs),
+behind the same `forward(inputs) -> hidden | None`. Off with `enforce_eager`, or with
+PAGESERVE_KERNEL_CHOICE=llama_layers=python; without a C++ compiler it never loads.
 """
 
 from __future__ import annotations
@@ -26,57 +27,82 @@ from engine.worker.input_batch import StepInputs
 from engine.worker.layers.attention import PagedAttentionOp, TorchPagedAttention
 from engine.worker.layers.linear import LinearPlan
 from engine.worker.models.llama import LlamaModel
-from pageserve_kernels import choice, cpu_decode, cpu_fused, cpu_fused_bf16, cpu_gemm, fused_choice, torch_ops
+from pageserve_kernels import (
+    choice,
+    cpu_decode,
+    cpu_fused,
+    cpu_fused_bf16,
+    cpu_gemm,
+    cpu_prefill,
+    fused_choice,
+    native_build,
+    torch_ops,
+)
+from pageserve_kernels.cpu_attention import AttentionPlan
 from pageserve_kernels.cpu_decode import VARIANTS
 
 log = logging.getLogger("pageserve.engine")
+
+IMPLS = {"torch": 0, "onednn": 1, "panel": 2}  # llama_layers.cpp's `Dims::impl` codes
+TIMED_KINDS = ("C norms", "C rotary", "KV cache write", "C decode attention", "C silu_and_mul",
+               "linear", "C prefill attention")  # llama_layers.cpp's `Kind` order, as bench step-overhead names them
+_NONE = torch.empty(0, dtype=torch.int64)
+_NO_TABLE = torch.empty(0, 0, dtype=torch.int64)
 _NO_TIMINGS = torch.empty(0, dtype=torch.float64)
 
-IMPLS = {"torch": 0, "onednn": 1, "panel": 2}  # decode_layers.cpp's `Dims::impl` codes
-TIMED_KINDS = ("C norms", "C rotary", "KV cache write", "C decode attention", "C silu_and_mul",
-               "linear")  # decode_layers.cpp's `Kind` order, as pageserve bench step-overhead names them
 
-
-class DecodeProgram:
+class NativeLayers:
     def __init__(self, model: LlamaModel, kv_layers: list[tuple[torch.Tensor, torch.Tensor]], kernels: list[int],
-                 isa: int) -> None:
-        self.model, self.kv_layers, self.kernels, self.isa = model, kv_layers, kernels, isa
+                 isa: int, dot_products: int) -> None:
+        self.model, self.kv_layers, self.kernels = model, kv_layers, kernels
+        self.isa, self.dot_products = isa, dot_products
         s = model.shape
         self.eps, self.scale = s.rms_norm_eps, s.head_dim**-0.5
+        self.prompts = kernels[7] != 0
+        """Steps with prompt chunks run here too (the C prefill kernel loaded for this dtype and head size)."""
         self._layers: dict[tuple[str, ...], Any] = {}
-        """decode_layers.cpp's `DecodeLayers` for each choice of products (row buckets sharing it share it)."""
+        """llama_layers.cpp's `LlamaLayers` for each choice of products (row buckets sharing it share it)."""
         self.timings: torch.Tensor | None = None
         """Where to add kernel seconds and calls by kind (pageserve bench step-overhead): float64
         (2, len(TIMED_KINDS)); None (the engine's case) times nothing."""
 
     @classmethod
     def build(cls, model: LlamaModel, kv_layers: list[tuple[torch.Tensor, torch.Tensor]],
-              attention: PagedAttentionOp) -> DecodeProgram | None:
-        """The program for this model on this host, or None where its Python forward must run every step."""
-        if choice.forced("decode_layers") == "python" or not _plain_cpu_llama(model, attention):
+              attention: PagedAttentionOp) -> NativeLayers | None:
+        """The C++ layers for this model on this host, or None where its Python forward must run every step."""
+        if choice.forced("llama_layers") == "python" or not _plain_cpu_llama(model, attention):
             return None
         kernels = _kernel_addresses(model)
-        if kernels is None or not torch_ops.load("decode_layers"):
+        if kernels is None or not torch_ops.load("llama_layers"):
             return None
-        s, key_cache = model.shape, kv_layers[0][0]
-        decode = cpu_decode.load()
+        s, block_size = model.shape, kv_layers[0][0].shape[1]
+        decode, prefill = cpu_decode.load(), cpu_prefill.load()
         assert decode is not None  # the attention op planned for it
-        isa = VARIANTS.index(decode.pick(model.dtype, s.num_heads, s.num_kv_heads, s.head_dim, key_cache.shape[1]))
-        log.info("decode steps run the layers in C++ (pageserve_kernels/csrc/decode_layers.cpp)")
-        return cls(model, kv_layers, kernels, isa)
+        isa = VARIANTS.index(decode.pick(model.dtype, s.num_heads, s.num_kv_heads, s.head_dim, block_size))
+        dot_products = -1 if model.dtype == torch.float32 or prefill is None else int(prefill.dot_products)
+        log.info("CPU steps run the layers in C++ (pageserve_kernels/csrc/llama_layers.cpp)%s",
+                 "" if kernels[7] else ", decode-only steps (no C prefill kernel here)")
+        return cls(model, kv_layers, kernels, isa, dot_products)
 
     def forward(self, inputs: StepInputs) -> torch.Tensor | None:
-        """The body's hidden states (T, H) float32, or None when this step is not a plain decode step."""
+        """The body's hidden states (T, H) float32, or None when this step's attention is not all C kernels."""
         plan, rows = inputs.meta.plan, inputs.input_ids.shape[0]
-        nd = None if plan is None else plan.native_decode
-        if nd is None or nd.rows.shape[0] != rows or rows == 0:  # a prompt row, or no decode kernel planned
+        if plan is None or rows == 0 or plan.decode_groups or not self._covers(plan):
             return None
-        layers = self._layers_for(rows)
+        nd, npf = plan.native_decode, plan.native_prefill
         h = self.model.embed_tokens(inputs.input_ids)  # (T, H)
         cos, sin_signed = self.model.rotary.lookup(inputs.positions)  # (T, 1, hd) each
+        decode = (nd.rows, nd.block_tables, nd.seq_lens, nd.max_seq_len) if nd else (_NONE, _NO_TABLE, _NONE, 0)
+        prompts = (npf.starts, npf.lens, npf.context_lens, npf.block_tables) if npf else (_NONE,) * 3 + (_NO_TABLE,)
         timings = _NO_TIMINGS if self.timings is None else self.timings
-        return layers.run(h, cos, sin_signed, nd.rows, nd.block_tables, nd.seq_lens, inputs.meta.slot_mapping,  # type: ignore[no-any-return]
-                          nd.max_seq_len, timings)
+        return self._layers_for(rows).run(h, cos, sin_signed, inputs.meta.slot_mapping, *decode, *prompts,  # type: ignore[no-any-return]
+                                          timings)
+
+    def _covers(self, plan: AttentionPlan) -> bool:
+        """Every row goes to a C kernel: decodes (no PyTorch decode groups) and, if any, prompt chunks."""
+        if not plan.chunks:
+            return True
+        return self.prompts and plan.native_prefill is not None
 
     def _layers_for(self, rows: int) -> Any:
         first = self.model.layers[0]
@@ -99,8 +125,9 @@ class DecodeProgram:
         s = self.model.shape
         outs = [s.num_heads * s.head_dim + 2 * s.num_kv_heads * s.head_dim, s.hidden_size, 2 * s.intermediate_size,
                 s.hidden_size]
-        dims = [s.num_heads, s.num_kv_heads, s.head_dim, self.isa, *(IMPLS[i] for i in impls), *outs]
-        return torch.classes.pageserve.DecodeLayers(tensors, self.kernels, dims, self.eps, self.scale)
+        dims = [s.num_heads, s.num_kv_heads, s.head_dim, self.isa, self.dot_products, *(IMPLS[i] for i in impls),
+                *outs]
+        return torch.classes.pageserve.LlamaLayers(tensors, self.kernels, dims, self.eps, self.scale)
 
 
 def _product_weight(weight: torch.Tensor, plan: object, impl: str) -> torch.Tensor:
@@ -129,10 +156,10 @@ def _plain_cpu_llama(model: LlamaModel, attention: PagedAttentionOp) -> bool:
 
 
 def _kernel_addresses(model: LlamaModel) -> list[int] | None:
-    """decode_layers.cpp's `Kernels`, or None where some op of the layer would not run its C kernel here."""
+    """llama_layers.cpp's `Kernels`, or None where some op of the layer would not run its C kernel here."""
     s, dtype = model.shape, model.dtype
     fused = cpu_fused.load() if dtype == torch.float32 else cpu_fused_bf16.load()
-    store, decode, gemm = cpu_fused.load(), cpu_decode.load(), cpu_gemm.load()
+    store, decode, gemm, prefill = cpu_fused.load(), cpu_decode.load(), cpu_gemm.load(), cpu_prefill.load()
     if fused is None or store is None or decode is None:
         return None
     widths = {"rms_norm": (s.hidden_size,), "add_rms_norm": (s.hidden_size,),
@@ -141,5 +168,6 @@ def _kernel_addresses(model: LlamaModel) -> list[int] | None:
         return None
     addresses = [fused.address(op) for op in ("rms_norm", "add_rms_norm", "rotary", "silu_and_mul")]
     addresses += [store.address("store_kv"), decode.address(dtype), 0 if gemm is None else gemm.address()]
+    prompts = prefill is not None and cpu_prefill.supports(dtype, s.head_dim)
+    addresses.append(native_build.address(prefill._fns[dtype]) if prompts else 0)  # type: ignore[union-attr]
     return None if 0 in addresses[:6] else addresses
-

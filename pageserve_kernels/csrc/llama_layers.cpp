@@ -1,6 +1,6 @@
 /* A Llama decode step's layers in one call: the same kernels, in the same order and with the same
    arguments, as engine/worker/models/llama.py's layers take one by one from Python (bound by
-   engine/worker/decode_program.py, built by pageserve_kernels/torch_ops.py).
+   engine/worker/native_layers.py, built by pageserve_kernels/torch_ops.py).
 
    Why: a decode step calls about a dozen kernels a layer, and from Python each call costs tens of
    microseconds of wrappers, checks, views and ctypes conversions, run between kernels that have just
@@ -32,8 +32,12 @@ using PagedDecode = void (*)(const void*, const void*, const void*, void*, const
                              const int64_t*, int64_t, int64_t, int64_t, int64_t, int64_t, float, int64_t, int,
                              int64_t, int);
 using GemmF32 = void (*)(const float*, int64_t, const float*, const float*, float*, int64_t, int64_t, int64_t, int);
+#define PREFILL_ARGS const void*, int64_t, const void*, const void*, void*, const int64_t*, const int64_t*, \
+    const int64_t*, const int64_t*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float, int
+using PrefillF32 = void (*)(PREFILL_ARGS);
+using PrefillBf16 = void (*)(PREFILL_ARGS, int);  // and whether to use AVX512-BF16 dot products
 
-/* The order of `kernels` (engine/worker/decode_program.py's `_kernel_addresses`). */
+/* The order of `kernels` (engine/worker/native_layers.py's `_kernel_addresses`). */
 struct Kernels {
     RmsNorm rms_norm;
     AddRmsNorm add_rms_norm;
@@ -41,19 +45,21 @@ struct Kernels {
     SiluAndMul silu_and_mul;
     StoreKv store_kv;
     PagedDecode decode;
-    GemmF32 gemm;  // null where the panel GEMM did not load
+    GemmF32 gemm;        // null where the panel GEMM did not load
+    void* prefill;       // PrefillF32 or PrefillBf16 by the model's dtype; null: steps with prompts stay in Python
 };
 
-/* The order of `dims` (engine/worker/decode_program.py's `_make_layers`). */
+/* The order of `dims` (engine/worker/native_layers.py's `_make_layers`). */
 struct Dims {
     int64_t n_q, n_kv, hd, isa;
+    int64_t dot_products;  // the bfloat16 prefill kernel's flag; -1 for a float32 model
     int64_t impl[4];  // qkv, o, gate_up, down: 0 at::linear, 1 oneDNN packed, 2 panel GEMM
     int64_t out[4];   // their output widths
 };
 
 /* Kernel seconds and calls by kind, when the caller asks (`timings` (2, NUM_KINDS) float64, not empty:
    pageserve bench step-overhead); a clock read costs tens of nanoseconds. */
-enum Kind { NORM, ROTARY, STORE_KV, ATTENTION, SILU, LINEAR, NUM_KINDS };
+enum Kind { NORM, ROTARY, STORE_KV, ATTENTION, SILU, LINEAR, PREFILL, NUM_KINDS };
 
 struct Timer {
     double* seconds;  // seconds[kind], then calls[kind]; or null
@@ -100,11 +106,29 @@ struct Step {
     int threads;
     int64_t max_seq;
     float eps, scale;
-    const at::Tensor &cos, &sin, &rows, &tables, &seq_lens, &slots;
+    const at::Tensor &cos, &sin, &slots;
+    const at::Tensor &rows, &tables, &seq_lens;                  // decode rows (none: empty)
+    const at::Tensor &starts, &lens, &context_lens, &chunk_tables;  // prompt chunks (none: empty)
     const at::Tensor &attn_out, &act;  // (T, n_q * hd), (T, I): every layer's, allocated once a step
 };
 
-/* Attention of one layer: q and k rotated in place in the QKV product, K/V written, decode attention. */
+/* The prompt chunks' attention: pageserve_kernels/cpu_prefill.py's call. */
+void prefill(const Step& s, const char* q, int64_t row, const at::Tensor& key_cache, const at::Tensor& value_cache) {
+    const Dims& d = s.d;
+    auto args = [&](auto fn, auto... extra) {
+        fn(q, row, key_cache.data_ptr(), value_cache.data_ptr(), s.attn_out.data_ptr(), s.starts.data_ptr<int64_t>(),
+           s.lens.data_ptr<int64_t>(), s.context_lens.data_ptr<int64_t>(), s.chunk_tables.data_ptr<int64_t>(),
+           s.chunk_tables.size(1), s.starts.size(0), d.n_q, d.n_kv, d.hd, key_cache.size(1), s.scale, s.threads,
+           extra...);
+    };
+    s.time(PREFILL, [&] {
+        if (d.dot_products < 0) args(reinterpret_cast<PrefillF32>(s.k.prefill));
+        else args(reinterpret_cast<PrefillBf16>(s.k.prefill), (int)d.dot_products);
+    });
+}
+
+/* Attention of one layer: q and k rotated in place in the QKV product, K/V written, decode rows and prompt
+   chunks attended (pageserve_kernels/cpu_attention.py's attend, native paths). */
 const at::Tensor& attend(const Step& s, at::Tensor& qkv, at::Tensor& key_cache, at::Tensor& value_cache) {
     const Dims& d = s.d;
     const int64_t t = qkv.size(0), item = qkv.element_size(), row = qkv.stride(0);
@@ -121,12 +145,13 @@ const at::Tensor& attend(const Step& s, at::Tensor& qkv, at::Tensor& key_cache, 
                             num_slots);
     });
     TORCH_CHECK_INDEX(bad == 0, bad, " KV cache slots outside [0, ", num_slots, ")");
-    s.time(ATTENTION, [&] {
+    if (s.rows.numel()) s.time(ATTENTION, [&] {
         s.k.decode(base, key_cache.data_ptr(), value_cache.data_ptr(), s.attn_out.data_ptr(),
-                   s.rows.data_ptr<int64_t>(),
-                   s.tables.data_ptr<int64_t>(), s.tables.size(1), s.seq_lens.data_ptr<int64_t>(), s.rows.size(0),
-                   d.n_q, d.n_kv, d.hd, key_cache.size(1), s.scale, s.max_seq, s.threads, row, (int)d.isa);
+                   s.rows.data_ptr<int64_t>(), s.tables.data_ptr<int64_t>(), s.tables.size(1),
+                   s.seq_lens.data_ptr<int64_t>(), s.rows.size(0), d.n_q, d.n_kv, d.hd, key_cache.size(1), s.scale,
+                   s.max_seq, s.threads, row, (int)d.isa);
     });
+    if (s.starts.numel()) prefill(s, base, row, key_cache, value_cache);
     return s.attn_out;
 }
 
@@ -162,56 +187,66 @@ void layer(const Step& s, at::TensorList w, at::Tensor& h, at::Tensor& residual,
     h = s.time(LINEAR, [&] { return linear(s.k, d.impl[3], s.act, w[5], d.out[3], s.threads); });
 }
 
-void check_step(const at::Tensor& h, const at::Tensor& rows, const at::Tensor& tables, const at::Tensor& seq_lens,
-                const at::Tensor& slots, const at::Tensor& cos, const at::Tensor& timings) {
+void check_step(const Step& s, const at::Tensor& h, const at::Tensor& timings) {
     const int64_t t = h.size(0);
-    TORCH_CHECK(h.dim() == 2 && h.is_contiguous(), "decode_layers: h must be (T, H) contiguous");
-    TORCH_CHECK(rows.size(0) == t && slots.size(0) == t && seq_lens.size(0) == t && tables.size(0) == t,
-                "decode_layers: every row must be a decode row");
-    for (const auto* x : {&rows, &tables, &seq_lens, &slots})
-        TORCH_CHECK(x->scalar_type() == at::kLong && x->is_contiguous(), "decode_layers: int64 metadata");
-    TORCH_CHECK(cos.scalar_type() == at::kFloat && cos.size(0) == t && cos.stride(-1) == 1, "decode_layers: rotary");
+    TORCH_CHECK(h.dim() == 2 && h.is_contiguous(), "llama_layers: h must be (T, H) contiguous");
+    for (const auto* x : {&s.rows, &s.tables, &s.seq_lens, &s.slots, &s.starts, &s.lens, &s.context_lens,
+                          &s.chunk_tables})
+        TORCH_CHECK(x->scalar_type() == at::kLong && x->is_contiguous(), "llama_layers: int64 metadata");
+    TORCH_CHECK(s.slots.size(0) == t && s.seq_lens.size(0) == s.rows.size(0) && s.tables.size(0) == s.rows.size(0) &&
+                    s.lens.size(0) == s.starts.size(0) && s.context_lens.size(0) == s.starts.size(0) &&
+                    s.chunk_tables.size(0) == s.starts.size(0),
+                "llama_layers: metadata lengths");
+    int64_t covered = s.rows.size(0);
+    for (int64_t c = 0; c < s.lens.size(0); c++) covered += s.lens.data_ptr<int64_t>()[c];
+    TORCH_CHECK(covered == t, "llama_layers: decode rows and prompt chunks must cover every row");
+    TORCH_CHECK(s.starts.numel() == 0 || s.k.prefill != nullptr, "llama_layers: no prefill kernel");
+    TORCH_CHECK(s.cos.scalar_type() == at::kFloat && s.cos.size(0) == t && s.cos.stride(-1) == 1,
+                "llama_layers: rotary");
     TORCH_CHECK(timings.numel() == 0 || (timings.numel() == 2 * NUM_KINDS && timings.scalar_type() == at::kDouble &&
                                          timings.is_contiguous()),
-                "decode_layers: timings");
+                "llama_layers: timings");
 }
 
-/* A model's layers for one choice of products (engine/worker/decode_program.py makes one per row bucket's
+/* A model's layers for one choice of products (engine/worker/native_layers.py makes one per row bucket's
    choice): built once, so a step passes only its own tensors. */
-struct DecodeLayers : torch::CustomClassHolder {
+struct LlamaLayers : torch::CustomClassHolder {
     std::vector<at::Tensor> layers;  // per layer: input norm, QKV, O, post norm, gate-up, down, K cache, V cache
     Kernels k;
     Dims d;
     double eps, scale;
 
-    DecodeLayers(std::vector<at::Tensor> layers_, std::vector<int64_t> kernels, std::vector<int64_t> dims,
-                 double eps_, double scale_)
+    LlamaLayers(std::vector<at::Tensor> layers_, std::vector<int64_t> kernels, std::vector<int64_t> dims,
+                double eps_, double scale_)
         : layers(std::move(layers_)), eps(eps_), scale(scale_) {
-        TORCH_CHECK(kernels.size() == 7 && dims.size() == 12 && !layers.empty() && layers.size() % 8 == 0,
-                    "DecodeLayers: bad kernel, dimension or layer lists");
+        TORCH_CHECK(kernels.size() == 8 && dims.size() == 13 && !layers.empty() && layers.size() % 8 == 0,
+                    "LlamaLayers: bad kernel, dimension or layer lists");
         k = Kernels{reinterpret_cast<RmsNorm>(kernels[0]), reinterpret_cast<AddRmsNorm>(kernels[1]),
                     reinterpret_cast<Rotary>(kernels[2]), reinterpret_cast<SiluAndMul>(kernels[3]),
                     reinterpret_cast<StoreKv>(kernels[4]), reinterpret_cast<PagedDecode>(kernels[5]),
-                    reinterpret_cast<GemmF32>(kernels[6])};
-        d = Dims{dims[0], dims[1], dims[2], dims[3], {dims[4], dims[5], dims[6], dims[7]},
-                 {dims[8], dims[9], dims[10], dims[11]}};
+                    reinterpret_cast<GemmF32>(kernels[6]), reinterpret_cast<void*>(kernels[7])};
+        d = Dims{dims[0], dims[1], dims[2], dims[3], dims[4], {dims[5], dims[6], dims[7], dims[8]},
+                 {dims[9], dims[10], dims[11], dims[12]}};
         for (size_t i = 6; i < layers.size(); i += 8)
             TORCH_CHECK(layers[i].is_contiguous() && layers[i + 1].is_contiguous() && layers[i].dim() == 4 &&
                             layers[i].size(3) == d.hd && layers[i].sizes() == layers[i + 1].sizes(),
-                        "DecodeLayers: KV caches");
+                        "LlamaLayers: KV caches");
     }
 
-    /* The whole body after the embedding: hidden (T, H) float32 = residual + h after the last layer. */
-    at::Tensor run(at::Tensor h, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& rows,
-                   const at::Tensor& tables, const at::Tensor& seq_lens, const at::Tensor& slots, int64_t max_seq,
-                   const at::Tensor& timings) {
-        check_step(h, rows, tables, seq_lens, slots, cos, timings);
-        TORCH_CHECK(layers[6].scalar_type() == h.scalar_type(), "decode_layers: h and the KV cache differ in dtype");
+    /* The whole body after the embedding: hidden (T, H) float32 = residual + h after the last layer. Decode
+       rows (rows, tables, seq_lens, max_seq) and prompt chunks (starts, lens, context_lens, chunk_tables) as
+       pageserve_kernels/cpu_attention_plan.py plans them for the C kernels; either may be empty. */
+    at::Tensor run(at::Tensor h, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& slots,
+                   const at::Tensor& rows, const at::Tensor& tables, const at::Tensor& seq_lens, int64_t max_seq,
+                   const at::Tensor& starts, const at::Tensor& lens, const at::Tensor& context_lens,
+                   const at::Tensor& chunk_tables, const at::Tensor& timings) {
+        TORCH_CHECK(layers[6].scalar_type() == h.scalar_type(), "llama_layers: h and the KV cache differ in dtype");
         double* seconds = timings.numel() ? timings.data_ptr<double>() : nullptr;
         const int64_t t = h.size(0);
         at::Tensor attn_out = at::empty({t, d.n_q * d.hd}, h.options()), act = at::empty({t, d.out[2] / 2}, h.options());
-        Step s{k, d, Timer{seconds}, at::get_num_threads(), max_seq, (float)eps, (float)scale, cos, sin, rows,
-               tables, seq_lens, slots, attn_out, act};
+        Step s{k, d, Timer{seconds}, at::get_num_threads(), max_seq, (float)eps, (float)scale, cos, sin, slots,
+               rows, tables, seq_lens, starts, lens, context_lens, chunk_tables, attn_out, act};
+        check_step(s, h, timings);
         at::Tensor residual;
         at::TensorList all(layers);
         for (size_t i = 0; i < layers.size(); i += 8) layer(s, all.slice(i, 8), h, residual, i == 0);
@@ -222,7 +257,7 @@ struct DecodeLayers : torch::CustomClassHolder {
 }  // namespace
 
 TORCH_LIBRARY(pageserve, m) {
-    m.class_<DecodeLayers>("DecodeLayers")
+    m.class_<LlamaLayers>("LlamaLayers")
         .def(torch::init<std::vector<at::Tensor>, std::vector<int64_t>, std::vector<int64_t>, double, double>())
-        .def("run", &DecodeLayers::run);
+        .def("run", &LlamaLayers::run);
 }
