@@ -76,6 +76,8 @@ class Clock:
     def add_kernels(self, seconds: dict[str, float], calls: dict[str, int]) -> None:
         """Kernels timed elsewhere (inside the C++ layers: engine/worker/native_layers.py), in the current stage."""
         for name, spent in seconds.items():
+            if not calls[name]:
+                continue  # a kind this step had none of (prompt attention in a decode step)
             self.kernel_s[name] += spent
             self.kernel_in_stage_s[self.stage] += spent
             self.calls[name] += calls[name]
