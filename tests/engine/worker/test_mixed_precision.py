@@ -21,8 +21,9 @@ __all__ = ["tiny_model"]
 def _run_recording_layers(folder: Path, monkeypatch: pytest.MonkeyPatch
                           ) -> tuple[list[tuple[torch.dtype, torch.dtype]], torch.dtype]:
     """(h, residual) dtypes out of every decoder layer call, and the dtype of the rotary tables. The model
-    calls its layers' forward directly (no nn.Module hooks), so the method itself is wrapped."""
-    llm = LLM(str(folder), "bfloat16", num_device_blocks=32, num_cpu_blocks=0, block_size=4)
+    calls its layers' forward directly (no nn.Module hooks), so the method itself is wrapped. Eager: the
+    Python layers on every step (the C++ ones equal them bit for bit: tests/engine/worker/test_native_layers.py)."""
+    llm = LLM(str(folder), "bfloat16", num_device_blocks=32, num_cpu_blocks=0, block_size=4, enforce_eager=True)
     model = llm.core.runner.model
     seen: list[tuple[torch.dtype, torch.dtype]] = []
     forward = DecoderLayer.forward
