@@ -7,6 +7,9 @@
     host_allocator.py   glibc malloc kept from unmapping a step's large temporaries (set once per process)
     model_loader.py     weights from a Hugging Face folder (safetensors) into our LlamaModel
     models/llama.py     the Llama forward pass, top to bottom with shape comments; owns its cost arithmetic
+    native_layers.py    CPU steps through the same layers in one C++ call (pageserve_kernels/csrc/llama_layers.cpp):
+                        the same kernels, bit for bit the Python forward's results, without its glue
+    decode_graphs.py    CUDA graphs for decode-only steps (the GPU's counterpart)
     layers/             attention (paged, through pageserve_kernels), linear, MLP, norm, rotary
     parallel/           tensor parallelism (--tensor-parallel-size): the split, sharded weights, parallel
                         layers, the gloo group, rank 0's leader and the worker processes

@@ -13,7 +13,8 @@ pageserve_kernels/cpu_decode.py, prompt chunks through pageserve_kernels/cpu_pre
 op of the layer has a C kernel this host picked (pageserve_kernels/fused_choice.py); other steps
 run the Python forward. It is the CPU's counterpart of engine/worker/decode_graphs.py (CUDA graphs),
 behind the same `forward(inputs) -> hidden | None`. Off with `enforce_eager`, or with
-PAGESERVE_KERNEL_CHOICE=llama_layers=python; without a C++ compiler it never loads.
+PAGESERVE_KERNEL_CHOICE=llama_layers=python (=cpp, the default, where it applies); without a C++
+compiler it never loads.
 """
 
 from __future__ import annotations
@@ -70,7 +71,10 @@ class NativeLayers:
     def build(cls, model: LlamaModel, kv_layers: list[tuple[torch.Tensor, torch.Tensor]],
               attention: PagedAttentionOp) -> NativeLayers | None:
         """The C++ layers for this model on this host, or None where its Python forward must run every step."""
-        if choice.forced("llama_layers") == "python" or not _plain_cpu_llama(model, attention):
+        forced = choice.forced("llama_layers")
+        if forced not in (None, "cpp", "python"):
+            raise ValueError(f"PAGESERVE_KERNEL_CHOICE=llama_layers={forced}: the choices are cpp and python")
+        if forced == "python" or not _plain_cpu_llama(model, attention):
             return None
         kernels = _kernel_addresses(model)
         if kernels is None or not torch_ops.load("llama_layers"):

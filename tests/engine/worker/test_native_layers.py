@@ -153,3 +153,8 @@ def test_off_where_an_op_would_not_run_its_c_kernel(model_dir: Path, monkeypatch
 def test_forced_off(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PAGESERVE_KERNEL_CHOICE", "llama_layers=python")
     assert make(model_dir, "float32").core.runner.fast_forward is None
+    monkeypatch.setenv("PAGESERVE_KERNEL_CHOICE", "llama_layers=cpp")
+    assert isinstance(make(model_dir, "float32").core.runner.fast_forward, NativeLayers)
+    monkeypatch.setenv("PAGESERVE_KERNEL_CHOICE", "llama_layers=fast")
+    with pytest.raises(ValueError, match="the choices are cpp and python"):
+        make(model_dir, "float32")
