@@ -1,17 +1,18 @@
-/* A Llama decode step's layers in one call: the same kernels, in the same order and with the same
-   arguments, as engine/worker/models/llama.py's layers take one by one from Python (bound by
+/* A Llama step's layers in one call: the same kernels, in the same order and with the same arguments,
+   as engine/worker/models/llama.py's layers take one by one from Python (bound by
    engine/worker/native_layers.py, built by pageserve_kernels/torch_ops.py).
 
-   Why: a decode step calls about a dozen kernels a layer, and from Python each call costs tens of
-   microseconds of wrappers, checks, views and ctypes conversions, run between kernels that have just
-   streamed a layer's weights through the caches (5.7 ms of an 85 ms 64-row bfloat16 step on a Zen 4
-   host, 30 layers). Here a call is a C function pointer or one dispatcher call, and the step's
-   results are bit for bit the Python path's (the same kernels on the same bytes).
+   Why: a step calls about a dozen kernels a layer, and from Python each call costs tens of microseconds
+   of wrappers, checks, views and ctypes conversions, run between kernels that have just streamed a
+   layer's weights through the caches (5.4-6.6 ms of a 64-row bfloat16 decode step on a Zen 4 host, 30
+   layers). Here a call is a C function pointer or one dispatcher call, and the step's results are bit
+   for bit the Python path's (the same kernels on the same bytes).
 
    The C kernels come as addresses (their ctypes bindings' functions): no second build of them, and
    whatever variant the host picked. The products run the implementation the Python path picked for
    this row count (engine/worker/layers/linear.py): our panel GEMM, oneDNN's packed product, or
-   at::linear. Everything else (which steps qualify, the choices) is decided in Python. */
+   at::linear. Attention is the C kernels' only: decode rows (paged_decode.c) and prompt chunks
+   (prefill_attention.c). Everything else (which steps qualify, the choices) is decided in Python. */
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
