@@ -61,6 +61,10 @@ class NativePrefill:
         self.dot_products = self.has_dot_products
         """Use them for bfloat16 (tests turn it off to check the widening path on the same host)."""
 
+    def address(self, dtype: torch.dtype) -> int:
+        """The C function for `dtype`, for pageserve_kernels/csrc/llama_layers.cpp."""
+        return native_build.address(self._fns[dtype])
+
     def __call__(
         self,
         out: torch.Tensor,  # (T, n_q, hd) contiguous; the chunks' rows are written

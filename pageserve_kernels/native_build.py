@@ -74,7 +74,7 @@ def load_library(name: str, source: str, flags: tuple[str, ...] = FLAGS) -> ctyp
 
 
 def address(fn: ctypes._CFuncPtr) -> int:
-    """A loaded C function's entry point (for C++ that calls the kernels: pageserve_kernels/torch_ops.py)."""
+    """A loaded C function's entry point, for C++ that calls the kernels (pageserve_kernels/csrc/llama_layers.cpp)."""
     return ctypes.cast(fn, ctypes.c_void_p).value or 0
 
 

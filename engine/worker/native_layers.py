@@ -36,7 +36,6 @@ from pageserve_kernels import (
     cpu_gemm,
     cpu_prefill,
     fused_choice,
-    native_build,
     torch_ops,
 )
 from pageserve_kernels.cpu_attention import AttentionPlan
@@ -63,9 +62,9 @@ class NativeLayers:
         """Steps with prompt chunks run here too (the C prefill kernel loaded for this dtype and head size)."""
         self._layers: dict[tuple[str, ...], Any] = {}
         """llama_layers.cpp's `LlamaLayers` for each choice of products (row buckets sharing it share it)."""
-        self.timings: torch.Tensor | None = None
-        """Where to add kernel seconds and calls by kind (pageserve bench step-overhead): float64
-        (2, len(TIMED_KINDS)); None (the engine's case) times nothing."""
+        self._timings: torch.Tensor | None = None
+        """Kernel seconds, then calls, by kind (float64 (2, len(TIMED_KINDS))) while `time_kernels` is on;
+        None (the engine's case) times nothing."""
 
     @classmethod
     def build(cls, model: LlamaModel, kv_layers: list[tuple[torch.Tensor, torch.Tensor]],
@@ -98,9 +97,20 @@ class NativeLayers:
         cos, sin_signed = self.model.rotary.lookup(inputs.positions)  # (T, 1, hd) each
         decode = (nd.rows, nd.block_tables, nd.seq_lens, nd.max_seq_len) if nd else (_NONE, _NO_TABLE, _NONE, 0)
         prompts = (npf.starts, npf.lens, npf.context_lens, npf.block_tables) if npf else (_NONE,) * 3 + (_NO_TABLE,)
-        timings = _NO_TIMINGS if self.timings is None else self.timings
+        timings = _NO_TIMINGS if self._timings is None else self._timings
         return self._layers_for(rows).run(h, cos, sin_signed, inputs.meta.slot_mapping, *decode, *prompts,  # type: ignore[no-any-return]
                                           timings)
+
+    def time_kernels(self) -> None:
+        """From now on, add up each kernel kind's seconds and calls inside the C++ loop (the benchmarks)."""
+        self._timings = torch.zeros(2, len(TIMED_KINDS), dtype=torch.float64)
+
+    def kernel_times(self) -> dict[str, tuple[float, int]]:
+        """Seconds and calls of each kind in TIMED_KINDS since `time_kernels`, which this turns off."""
+        assert self._timings is not None, "time_kernels() first"
+        seconds, calls = self._timings.tolist()
+        self._timings = None
+        return {kind: (s, int(c)) for kind, s, c in zip(TIMED_KINDS, seconds, calls, strict=True)}
 
     def _covers(self, plan: AttentionPlan) -> bool:
         """Every row goes to a C kernel: decodes (no PyTorch decode groups) and, if any, prompt chunks."""
@@ -173,5 +183,5 @@ def _kernel_addresses(model: LlamaModel) -> list[int] | None:
     addresses = [fused.address(op) for op in ("rms_norm", "add_rms_norm", "rotary", "silu_and_mul")]
     addresses += [store.address("store_kv"), decode.address(dtype), 0 if gemm is None else gemm.address()]
     prompts = prefill is not None and cpu_prefill.supports(dtype, s.head_dim)
-    addresses.append(native_build.address(prefill._fns[dtype]) if prompts else 0)  # type: ignore[union-attr]
+    addresses.append(prefill.address(dtype) if prompts else 0)  # type: ignore[union-attr]
     return None if 0 in addresses[:6] else addresses

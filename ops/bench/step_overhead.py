@@ -37,7 +37,7 @@ import engine.worker.model_runner as model_runner
 from engine.core import EngineCore
 from engine.llm import LLM
 from engine.request import Request
-from engine.worker.native_layers import TIMED_KINDS, NativeLayers
+from engine.worker.native_layers import NativeLayers
 from pageserve_kernels import cpu_attention, cpu_decode, cpu_fused, cpu_fused_bf16, cpu_gemm
 from shared.gc_pauses import freeze_startup_objects
 from shared.sampling import SamplingParams
@@ -73,14 +73,15 @@ class Clock:
                 self.calls[name] += 1
         return timed
 
-    def add_kernels(self, seconds: dict[str, float], calls: dict[str, int]) -> None:
-        """Kernels timed elsewhere (inside the C++ layers: engine/worker/native_layers.py), in the current stage."""
-        for name, spent in seconds.items():
-            if not calls[name]:
+    def add_kernels(self, times: dict[str, tuple[float, int]]) -> None:
+        """Kernels timed elsewhere (inside the C++ layers: engine/worker/native_layers.py), in the current stage:
+        seconds and calls by name."""
+        for name, (spent, calls) in times.items():
+            if not calls:
                 continue  # a kind this step had none of (prompt attention in a decode step)
             self.kernel_s[name] += spent
             self.kernel_in_stage_s[self.stage] += spent
-            self.calls[name] += calls[name]
+            self.calls[name] += calls
 
     def staged(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         """Wall time of `name` excluding stages nested in it (they count as their own)."""
@@ -152,14 +153,11 @@ def native_timed(forward: Callable[..., Any], clock: Clock) -> Callable[..., Any
     native = forward.__self__  # type: ignore[attr-defined]
 
     def timed(*args: Any) -> Any:
-        native.timings = torch.zeros(2, len(TIMED_KINDS), dtype=torch.float64)
+        native.time_kernels()
         try:
             return forward(*args)
         finally:
-            seconds, calls = native.timings.tolist()
-            native.timings = None
-            clock.add_kernels(dict(zip(TIMED_KINDS, seconds, strict=True)),
-                              {k: int(c) for k, c in zip(TIMED_KINDS, calls, strict=True)})
+            clock.add_kernels(native.kernel_times())
     return timed
 
 

@@ -6,7 +6,7 @@ into a few categories. The C kernels are called through ctypes, which cProfile
 does not list apart, so their time lands in the Python wrapper that calls them
 (`pageserve_kernels/cpu_decode.py`, `pageserve_kernels/cpu_fused.py`): the rules below match those
 wrappers by file. A step run by the C++ layer loop (engine/worker/native_layers.py) is one
-call to cProfile; the loop times its own kernels (`PROGRAM_KINDS` says where each goes), and that
+call to cProfile; the loop times its own kernels (`NATIVE_KINDS` says where each goes), and that
 time is moved out of the call into its categories. Steps are split into decode-only steps (every request in the
 step adds one token) and steps that carry prompt tokens, because the two have
 very different shapes. The profiler itself adds a little to the Python share.
@@ -20,8 +20,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import CodeType
-
-import torch
 
 from engine.core import EngineCore
 from engine.request import Request
@@ -47,7 +45,7 @@ CATEGORIES: list[tuple[str, Rule]] = [
     ("scheduler", lambda f, n: "engine/scheduling/" in f or f.endswith("engine/request.py")),
 ]
 OTHER = "other Python and torch glue"
-PROGRAM_KINDS = dict(zip(TIMED_KINDS, ("norms, SiLU, rotary", "norms, SiLU, rotary", "KV cache writes",
+NATIVE_KINDS = dict(zip(TIMED_KINDS, ("norms, SiLU, rotary", "norms, SiLU, rotary", "KV cache writes",
                                        "attention: decode", "norms, SiLU, rotary", "matmul", "attention: prompts"),
                          strict=True))
 
@@ -99,7 +97,7 @@ def profile_steps(core: EngineCore, prompts: list[list[int]], output_lens: list[
     native = core.runner.fast_forward if isinstance(core.runner.fast_forward, NativeLayers) else None
     while core.has_unfinished():
         if native is not None:
-            native.timings = torch.zeros(2, len(TIMED_KINDS), dtype=torch.float64)
+            native.time_kernels()
         prof = cProfile.Profile()
         t0 = time.perf_counter()
         prof.enable()
@@ -111,11 +109,10 @@ def profile_steps(core: EngineCore, prompts: list[list[int]], output_lens: list[
         for entry in prof.getstats():
             cat = names.get(entry.code) or names.setdefault(entry.code, categorize(entry.code))
             by_category[cat] = by_category.get(cat, 0.0) + entry.inlinetime
-        if native is not None and native.timings is not None:
-            for kind, secs in zip(TIMED_KINDS, native.timings[0].tolist(), strict=True):
-                by_category[PROGRAM_KINDS[kind]] = by_category.get(PROGRAM_KINDS[kind], 0.0) + secs
+        if native is not None:
+            for kind, (secs, _) in native.kernel_times().items():
+                by_category[NATIVE_KINDS[kind]] = by_category.get(NATIVE_KINDS[kind], 0.0) + secs
                 by_category[OTHER] = by_category.get(OTHER, 0.0) - secs  # the op call's own time held them
-            native.timings = None
         by_category[OTHER] = by_category.get(OTHER, 0.0) + seconds - sum(by_category.values())  # unprofiled edges
         kind = result.decode if out.num_tokens == len(out.chunks) else result.prompt
         kind.add(seconds, by_category)
