@@ -22,6 +22,9 @@ its state and the re-prefill neither advances nor resets it. The n samples of a 
 (engine/scheduling/sample_group.py) are separate internal requests: each starts its own matcher
 from the shared compiled grammar, i.e. a fork at the end of the prompt.
 
+Each constrained row's mask is also narrowed to tokens that keep its bytes well-formed UTF-8
+(engine/worker/utf8_guard.py: xgrammar takes a UTF-16 surrogate's bytes for a character).
+
 A grammar whose text is complete allows only the model's EOS; a request that goes on
 past it (ignore_eos) is not masked any more. Knows nothing about text or HTTP.
 """
@@ -31,9 +34,9 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +44,7 @@ import torch
 
 from engine.outputs import ScheduledChunk
 from engine.scheduling.request_checks import RequestRejected
+from engine.worker import utf8_guard
 from shared.structured import TOOL_CALL_END, TOOL_CALL_START, GrammarSpec
 
 log = logging.getLogger("pageserve.engine")
@@ -58,6 +62,8 @@ class _Guide:
     num_seen: int = 0
     broken: bool = False
     """A token the grammar refused was sampled anyway: the sample is no longer masked."""
+    utf8_states: deque[int] = field(default_factory=lambda: deque([utf8_guard.START], maxlen=MAX_ROLLBACK_TOKENS + 1))
+    """The UTF-8 decoder's state after each of the last seen tokens (the last: now), for rollbacks."""
 
 
 class StructuredOutputs:
@@ -66,9 +72,11 @@ class StructuredOutputs:
         self._vocab_size = vocab_size
         self._eos_token_id = eos_token_id
         self._compiler: Any = None  # xgrammar.GrammarCompiler, built at the first constrained request
+        self._tokenizer_info: Any = None  # xgrammar.TokenizerInfo, with it
         self._compiled: OrderedDict[GrammarSpec, Any] = OrderedDict()
         self._guides: dict[str, _Guide] = {}
         self._buffer: torch.Tensor | None = None
+        self._utf8: utf8_guard.Utf8Guard | None = None  # built with the first bitmask
 
     # -- admission ------------------------------------------------------------------------
 
@@ -97,7 +105,7 @@ class StructuredOutputs:
         if self._compiler is None:
             import xgrammar
 
-            info = _tokenizer_info(self._model_path, self._vocab_size, self._eos_token_id)
+            info = self._tokenizer_info = _tokenizer_info(self._model_path, self._vocab_size, self._eos_token_id)
             # xgrammar's own cache is off: `_compiled` is ours (bounded), and xgrammar's keys a grammar
             # by its printed text and compiles that text parsed back, which is not faithful (`_reparsable`).
             self._compiler = xgrammar.GrammarCompiler(info, max_threads=1, cache_enabled=False)
@@ -119,9 +127,20 @@ class StructuredOutputs:
             if guide.broken or guide.matcher.is_terminated():
                 continue
             guide.matcher.fill_next_token_bitmask(bitmask, i)
+            self._keep_utf8(bitmask, i, guide, rows[i].request_id)
             masked.append(i)
         if masked:
             xgrammar.apply_token_bitmask_inplace(logits, bitmask.to(logits.device), indices=masked)
+
+    def _keep_utf8(self, bitmask: torch.Tensor, row: int, guide: _Guide, request_id: str) -> None:
+        """Narrow the row to tokens that keep the sample's bytes well-formed UTF-8 (engine/worker/utf8_guard.py),
+        unless that leaves nothing: a grammar that asks for ill-formed bytes gets them."""
+        assert self._utf8 is not None
+        narrowed = bitmask[row] & self._utf8.allowed(guide.utf8_states[-1])
+        if bool(narrowed.any()):
+            bitmask[row] = narrowed
+        else:
+            log.warning("request %s: its grammar allows only ill-formed UTF-8 here", request_id)
 
     def _bitmask(self, num_rows: int, vocab_size: int) -> torch.Tensor:
         """A reused (num_rows, ceil(V / 32)) int32 buffer: each constrained row's fill writes its whole
@@ -130,6 +149,9 @@ class StructuredOutputs:
         width = (vocab_size + 31) // 32
         if self._buffer is None or self._buffer.shape[0] < num_rows or self._buffer.shape[1] != width:
             self._buffer = torch.full((max(num_rows, 64), width), -1, dtype=torch.int32)
+        if self._utf8 is None or self._utf8.allowed(utf8_guard.START).shape[0] != width:
+            self._get_compiler()
+            self._utf8 = utf8_guard.Utf8Guard(self._tokenizer_info.decoded_vocab, width)
         return self._buffer[:num_rows]
 
     def advance(self, rows: list[ScheduledChunk], tokens: list[int]) -> None:
@@ -139,6 +161,8 @@ class StructuredOutputs:
             if guide is None:
                 continue
             guide.num_seen += 1
+            if self._utf8 is not None:
+                guide.utf8_states.append(self._utf8.after(guide.utf8_states[-1], token))
             if guide.broken or guide.matcher.is_terminated():
                 continue
             if not guide.matcher.accept_token(token):
@@ -166,6 +190,8 @@ class StructuredOutputs:
         if extra:  # sampled tokens the scheduler did not keep
             if not guide.broken:
                 guide.matcher.rollback(extra)
+            for _ in range(extra):
+                guide.utf8_states.pop()
             guide.num_seen = chunk.num_output_tokens
         return guide
 
