@@ -173,7 +173,7 @@ def _kernel_addresses(model: LlamaModel) -> list[int] | None:
     """llama_layers.cpp's `Kernels`, or None where some op of the layer would not run its C kernel here."""
     s, dtype = model.shape, model.dtype
     fused = cpu_fused.load() if dtype == torch.float32 else cpu_fused_bf16.load()
-    store, decode, gemm, prefill = cpu_fused.load(), cpu_decode.load(), cpu_gemm.load(), cpu_prefill.load()
+    store, decode, gemm, prefill = cpu_fused.load(), cpu_decode.load(), cpu_gemm.load(dtype), cpu_prefill.load()
     if fused is None or store is None or decode is None:
         return None
     widths = {"rms_norm": (s.hidden_size,), "add_rms_norm": (s.hidden_size,),

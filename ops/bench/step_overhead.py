@@ -134,9 +134,9 @@ def instrumentation(core: EngineCore, clock: Clock) -> list[tuple[Any, str, Call
     decode = cpu_decode.load()
     if decode is not None:
         pairs += [(decode._fns, dtype, k("C decode attention")) for dtype in decode._fns]
-    gemm = cpu_gemm.load()
-    if gemm is not None:
-        pairs.append((gemm, "_fn", k("C panel GEMM")))
+    for gemm in (cpu_gemm.load(torch.float32), cpu_gemm.load(torch.bfloat16)):
+        if gemm is not None:
+            pairs.append((gemm, "_fn", k("C panel GEMM")))
     pairs += [(torch.ops.mkldnn, "_linear_pointwise", k("oneDNN linear")), (F, "linear", k("torch linear")),
               (F, "embedding", k("embedding")), (cpu_attention, "store_kv", k("KV cache write"))]
     model, runner = core.runner.model, core.runner

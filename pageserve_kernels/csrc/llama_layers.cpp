@@ -32,7 +32,7 @@ using StoreKv = int64_t (*)(const char*, int64_t, const char*, int64_t, char*, c
 using PagedDecode = void (*)(const void*, const void*, const void*, void*, const int64_t*, const int64_t*, int64_t,
                              const int64_t*, int64_t, int64_t, int64_t, int64_t, int64_t, float, int64_t, int,
                              int64_t, int);
-using GemmF32 = void (*)(const float*, int64_t, const float*, const float*, float*, int64_t, int64_t, int64_t, int);
+using Gemm = void (*)(const void*, int64_t, const void*, const void*, void*, int64_t, int64_t, int64_t, int);
 #define PREFILL_ARGS const void*, int64_t, const void*, const void*, void*, const int64_t*, const int64_t*, \
     const int64_t*, const int64_t*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float, int
 using PrefillF32 = void (*)(PREFILL_ARGS);
@@ -46,7 +46,7 @@ struct Kernels {
     SiluAndMul silu_and_mul;
     StoreKv store_kv;
     PagedDecode decode;
-    GemmF32 gemm;        // null where the panel GEMM did not load
+    Gemm gemm;           // the model dtype's panel GEMM (gemm_f32 or gemm_bf16); null where it did not load
     void* prefill;       // PrefillF32 or PrefillBf16 by the model's dtype; null: steps with prompts stay in Python
 };
 
@@ -93,10 +93,9 @@ at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& packed) {
 at::Tensor linear(const Kernels& k, int64_t impl, const at::Tensor& x, const at::Tensor& w, int64_t n, int threads) {
     if (impl == 1) return onednn_linear(x, w);
     if (impl == 0) return at::linear(x, w);
-    TORCH_CHECK(k.gemm != nullptr && x.scalar_type() == at::kFloat && x.stride(1) == 1, "panel GEMM unavailable");
+    TORCH_CHECK(k.gemm != nullptr && x.scalar_type() == w.scalar_type() && x.stride(1) == 1, "panel GEMM unavailable");
     auto out = at::empty({x.size(0), n}, x.options());
-    k.gemm(x.data_ptr<float>(), x.stride(0), w.data_ptr<float>(), nullptr, out.data_ptr<float>(), x.size(0), n,
-           x.size(1), threads);
+    k.gemm(x.data_ptr(), x.stride(0), w.data_ptr(), nullptr, out.data_ptr(), x.size(0), n, x.size(1), threads);
     return out;
 }
 
@@ -225,7 +224,7 @@ struct LlamaLayers : torch::CustomClassHolder {
         k = Kernels{reinterpret_cast<RmsNorm>(kernels[0]), reinterpret_cast<AddRmsNorm>(kernels[1]),
                     reinterpret_cast<Rotary>(kernels[2]), reinterpret_cast<SiluAndMul>(kernels[3]),
                     reinterpret_cast<StoreKv>(kernels[4]), reinterpret_cast<PagedDecode>(kernels[5]),
-                    reinterpret_cast<GemmF32>(kernels[6]), reinterpret_cast<void*>(kernels[7])};
+                    reinterpret_cast<Gemm>(kernels[6]), reinterpret_cast<void*>(kernels[7])};
         d = Dims{dims[0], dims[1], dims[2], dims[3], dims[4], {dims[5], dims[6], dims[7], dims[8]},
                  {dims[9], dims[10], dims[11], dims[12]}};
         for (size_t i = 6; i < layers.size(); i += 8)

@@ -1,4 +1,4 @@
-"""pageserve_kernels/cpu_gemm.py (the AVX2 panel GEMM) against float64 products, and its place in engine/worker/layers/linear.py."""
+"""pageserve_kernels/cpu_gemm.py (the float32 AVX2 panel GEMM; bfloat16: test_cpu_gemm_bf16.py) against float64 products, and its place in engine/worker/layers/linear.py."""
 
 from __future__ import annotations
 
@@ -73,11 +73,12 @@ def test_layers_offer_the_panel_gemm_for_float32_cpu_weights(monkeypatch: pytest
     packed = linear_mod.pack(w)
     assert packed is not None and isinstance(packed.packed["panel"], cpu_gemm.PanelWeight)
     torch.testing.assert_close(linear_mod.linear(x, w, packed, bias), reference(x, w, bias), rtol=1e-5, atol=1e-4)
-    assert "panel" not in linear_mod.candidates(torch.bfloat16)  # the panel GEMM is float32-only
+    assert ("panel" in linear_mod.candidates(torch.bfloat16)) == (cpu_gemm.load(torch.bfloat16) is not None)
+    assert "panel" not in linear_mod.candidates(torch.float16)  # no half-precision kernel
 
 
 def test_without_the_kernel_layers_fall_back_to_onednn(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cpu_gemm, "load", lambda: None)
+    monkeypatch.setattr(cpu_gemm, "load", lambda dtype=torch.float32: None)
     monkeypatch.setattr(linear_mod, "_PLANS", {})
     monkeypatch.setenv(choice.FORCE_ENV, "linear=onednn")
     assert "panel" not in linear_mod.candidates(torch.float32)

@@ -3,8 +3,9 @@
 Candidates for a (N, K) weight, each timed by pageserve_kernels/choice.py at engine start
 for every row bucket (decode batches 1-64, prompt steps 256-2048) and cached on
 disk per host:
-  - "panel": our AVX2 GEMM over 16-column panels (pageserve_kernels/cpu_gemm.py), float32,
-    batch-invariant; the fastest on AVX2-only hosts at every size;
+  - "panel": our GEMM over column panels (pageserve_kernels/cpu_gemm.py), batch-invariant:
+    float32 on AVX2 (the fastest on AVX2-only hosts at every size), bfloat16 on AVX512-BF16
+    (1.1-1.6x oneDNN at decode batches on an AMD EPYC Zen 4);
   - "onednn": oneDNN's blocked layout (float32 and bfloat16): on AVX-512/AMX hosts
     the faster one from about 16 rows up;
   - "torch": F.linear (MKL for float32): the fallback everywhere.
@@ -58,7 +59,7 @@ _PLANS: dict[tuple[int, int, torch.dtype], tuple[str, ...]] = {}  # one choice p
 def candidates(dtype: torch.dtype) -> list[str]:
     """The implementations this host can run for this dtype, on the CPU."""
     names = []
-    if dtype == torch.float32 and cpu_gemm.load() is not None:
+    if cpu_gemm.load(dtype) is not None:
         names.append("panel")
     if dtype in (torch.float32, torch.bfloat16) and torch.backends.mkldnn.is_available():
         names.append("onednn")
@@ -151,8 +152,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, packed: Packed | None,
     if packed is None:
         return F.linear(x, weight, bias)
     impl = packed.impl_for(x.shape[0])
-    if impl == "panel" and x.dtype == torch.float32:
-        native = cpu_gemm.load()
+    if impl == "panel" and x.dtype == weight.dtype:
+        native = cpu_gemm.load(x.dtype)
         assert native is not None  # a panel plan exists only where the kernel loaded
         return native.linear(x, packed.packed["panel"], bias)  # type: ignore[arg-type]
     if impl == "onednn" and x.dtype == weight.dtype:

@@ -2,6 +2,7 @@
 
     python -m ops.bench.kernels.gemm                     # SmolLM2-135M shapes, 1..2048 rows
     python -m ops.bench.kernels.gemm --rows 1 8 64
+    python -m ops.bench.kernels.gemm --dtype bfloat16    # the AVX512-BF16 kernel (where the CPU has it)
 
 One "step" is the four products of every layer (q|k|v, o, gate|up, down), each layer
 with its own weights, as the model's forward pass makes them: the weights come
@@ -36,6 +37,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--kv-size", type=int, default=192, help="KV heads x head size")
     p.add_argument("--vocab", type=int, default=49152)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     return p.parse_args(argv)
 
 
@@ -70,15 +72,17 @@ def best_ms(fns: dict[str, Callable[[], object]], rounds: int) -> dict[str, floa
 
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(sys.argv[1:] if argv is None else argv)
-    native = cpu_gemm.load()
+    dtype = getattr(torch, a.dtype)
+    native = cpu_gemm.load(dtype)
     if native is None:
-        print("the panel GEMM is unavailable (no AVX2+FMA, no C compiler, or PAGESERVE_NATIVE_KERNELS=0)")
+        print(f"the {a.dtype} panel GEMM is unavailable (float32 needs AVX2+FMA, bfloat16 AVX-512 and AVX512-BF16; "
+              "or no C compiler, or PAGESERVE_NATIVE_KERNELS=0)")
         return 1
     shapes = layer_shapes(a)
-    weights = [torch.randn(n, k) for _ in range(a.layers) for k, n in shapes]
+    weights = [torch.randn(n, k).to(dtype) for _ in range(a.layers) for k, n in shapes]
     step = paths(weights, native)
-    vocab = paths([torch.randn(a.vocab, a.hidden)], native)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, float32; {a.layers} layers x "
+    vocab = paths([torch.randn(a.vocab, a.hidden).to(dtype)], native)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {a.dtype}; {a.layers} layers x "
           f"{len(shapes)} products, (K, N) = {shapes}; best of {a.rounds} interleaved rounds")
     names = list(step)
     print(f"{'M':>5} " + "".join(f"{n + ' ms':>13}" for n in names) + "".join(f"{'vs ' + n:>12}" for n in names[1:])
@@ -89,14 +93,14 @@ def main(argv: list[str] | None = None) -> int:
             product(xs[w.shape[1]], i)
 
     for m in a.rows:
-        xs = {k: torch.randn(m, k) for k in {k for k, _ in shapes}}
+        xs = {k: torch.randn(m, k).to(dtype) for k in {k for k, _ in shapes}}
         ms = best_ms({n: (lambda p=p, xs=xs: run_step(p, xs)) for n, p in step.items()}, a.rounds)
         flops = 2 * m * sum(k * n for k, n in shapes) * a.layers
         print(f"{m:>5} " + "".join(f"{ms[n]:>13.1f}" for n in names)
               + "".join(f"{ms[n] / ms['ours']:>11.2f}x" for n in names[1:]) + f"{flops / ms['ours'] / 1e6:>11.0f}")
     print(f"\nvocabulary product ({a.hidden} -> {a.vocab}), one call")
     for m in [r for r in a.rows if r <= 64]:
-        x = torch.randn(m, a.hidden)
+        x = torch.randn(m, a.hidden).to(dtype)
         ms = best_ms({n: (lambda p=p, x=x: p(x, 0)) for n, p in vocab.items()}, a.rounds * 3)
         print(f"{m:>5} " + "".join(f"{ms[n]:>13.2f}" for n in names)
               + "".join(f"{ms[n] / ms['ours']:>11.2f}x" for n in names[1:]))

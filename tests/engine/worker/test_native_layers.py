@@ -19,8 +19,9 @@ from engine.llm import LLM
 from engine.scheduling.config import SchedulerConfig
 from engine.step_failures import RequestsFailed
 from engine.worker.input_batch import StepInputs
+from engine.worker.layers import linear as linear_mod
 from engine.worker.native_layers import TIMED_KINDS, NativeLayers
-from pageserve_kernels import cpu_prefill, fused_choice, torch_ops
+from pageserve_kernels import choice, cpu_gemm, cpu_prefill, fused_choice, torch_ops
 from shared.sampling import SamplingParams
 from tests.engine.model_fixtures import random_prompts
 from tests.support.tiny_model import tiny_llama_folder
@@ -90,7 +91,14 @@ def step_kinds(native: NativeLayers) -> list[tuple[bool, bool, bool]]:
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_every_step_equals_the_python_layers(model_dir: Path, dtype: str) -> None:
+@pytest.mark.parametrize("products", ["measured", "panel"])
+def test_every_step_equals_the_python_layers(model_dir: Path, dtype: str, products: str,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    if products == "panel":  # the dtype's own GEMM from C++, whatever the timing would pick for the tiny widths
+        if cpu_gemm.load(getattr(torch, dtype)) is None:
+            pytest.skip(f"no {dtype} panel GEMM on this CPU")
+        monkeypatch.setattr(linear_mod, "_PLANS", {})
+        monkeypatch.setenv(choice.FORCE_ENV, "linear=panel")
     llm = make(model_dir, dtype)
     rows = compared_with_python(llm)
     seen = step_kinds(llm.core.runner.fast_forward)  # type: ignore[arg-type]

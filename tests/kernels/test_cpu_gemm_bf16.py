@@ -1,0 +1,87 @@
+"""pageserve_kernels/cpu_gemm.py's bfloat16 panel GEMM (AVX512-BF16) against float64 products of the same
+bfloat16 values, and its place in engine/worker/layers/linear.py and the C++ layers' product call."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.worker.layers import linear as linear_mod
+from pageserve_kernels import choice, cpu_gemm
+
+native = cpu_gemm.load(torch.bfloat16)
+needs_native = pytest.mark.skipif(native is None, reason="no AVX512-BF16 CPU or no C compiler: oneDNN path only")
+BF16 = torch.bfloat16
+
+
+def reference(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """The exact product of the bfloat16 inputs, rounded once to bfloat16, back as float32."""
+    out = F.linear(x.double(), w.double(), None if bias is None else bias.double())
+    return out.to(BF16).float()
+
+
+def test_panels_hold_pairs_of_k_for_thirty_two_columns_zero_padded() -> None:
+    w = torch.randn(37, 5).to(BF16)
+    p = cpu_gemm.pack_panels(w)
+    assert p.panels.shape == (2, 3, 32, 2) and (p.out_features, p.in_features) == (37, 5)
+    for n in (0, 31, 32, 36):
+        for k in range(5):
+            assert torch.equal(p.panels[n // 32, k // 2, n % 32, k % 2], w[n, k])
+    assert not p.panels[:, 2, :, 1].any()  # the pad of an odd K
+    assert not p.panels[1, :, 5:].any()  # columns 37..63 do not exist
+
+
+@needs_native
+@pytest.mark.parametrize("m", [1, 2, 11, 12, 13, 64, 97, 200])
+@pytest.mark.parametrize(("n", "k"), [(576, 576), (960, 576), (100, 37), (32, 1), (1536, 1536), (3, 8)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_matches_float64_product_within_one_rounding(m: int, n: int, k: int, with_bias: bool) -> None:
+    g = torch.Generator().manual_seed(m * 1000 + n + k)
+    x, w = torch.randn(m, k, generator=g).to(BF16), torch.randn(n, k, generator=g).to(BF16)
+    bias = torch.randn(n, generator=g).to(BF16) if with_bias else None
+    out = native.linear(x, cpu_gemm.pack_panels(w), bias)
+    assert out.shape == (m, n) and out.dtype == BF16
+    # float32 accumulation, then one rounding: at most one bfloat16 step (2^-7 relative) from the exact one
+    torch.testing.assert_close(out.float(), reference(x, w, bias), rtol=2**-7, atol=1e-4 * k**0.5)
+
+
+@needs_native
+def test_an_odd_k_never_reads_past_its_row() -> None:
+    """The last k of an odd K pairs with zero: the element after it (the next row's, or a NaN) counts for nothing."""
+    w = torch.randn(40, 9).to(BF16)
+    base = torch.full((6, 10), float("nan")).to(BF16)
+    base[:, :9] = torch.randn(6, 9).to(BF16)
+    out = native.linear(base[:, :9], cpu_gemm.pack_panels(w))
+    assert torch.isfinite(out.float()).all()
+    torch.testing.assert_close(out.float(), reference(base[:, :9], w, None), rtol=2**-7, atol=1e-3)
+    assert native.linear(torch.empty(0, 9, dtype=BF16), cpu_gemm.pack_panels(w)).shape == (0, 40)
+
+
+@needs_native
+def test_a_row_gets_the_same_bits_alone_in_any_batch_and_on_any_thread_count() -> None:
+    x, w, bias = torch.randn(70, 576).to(BF16), torch.randn(1000, 576).to(BF16), torch.randn(1000).to(BF16)
+    packed = cpu_gemm.pack_panels(w)
+    batch = native.linear(x, packed, bias)
+    for i in (0, 11, 12, 41, 69):  # first and last rows of 12-row tiles, a short last tile
+        assert torch.equal(native.linear(x[i : i + 1], packed, bias)[0], batch[i])
+    assert torch.equal(native.linear(x[3:50], packed, bias), batch[3:50])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        single = native.linear(x, packed, bias)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(single, batch)
+
+
+@needs_native
+def test_layers_offer_the_panel_gemm_for_bfloat16_cpu_weights(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(linear_mod, "_PLANS", {})
+    monkeypatch.setenv(choice.FORCE_ENV, "linear=panel")
+    w, bias, x = torch.randn(40, 24).to(BF16), torch.randn(40).to(BF16), torch.randn(5, 24).to(BF16)
+    packed = linear_mod.pack(w)
+    assert packed is not None and isinstance(packed.packed["panel"], cpu_gemm.PanelWeight)
+    out = linear_mod.linear(x, w, packed, bias)
+    assert out.dtype == BF16
+    torch.testing.assert_close(out.float(), reference(x, w, bias), rtol=2**-7, atol=1e-3)
