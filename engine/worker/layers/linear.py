@@ -9,8 +9,9 @@ disk per host:
   - "onednn": oneDNN's blocked layout (float32 and bfloat16): on AVX-512/AMX hosts
     the faster one from about 16 rows up;
   - "torch": F.linear (MKL for float32): the fallback everywhere.
-A row bucket leaves the weight's main path only for a candidate at least
-SWITCH_GAIN faster there (a second packed copy costs the weight's memory again).
+A second packed copy (it costs the weight's memory again) is kept only for a candidate at
+least SWITCH_GAIN faster than the main path in some bucket; each bucket then runs the
+fastest of the copies kept.
 PAGESERVE_KERNEL_CHOICE=linear=<name> forces one path. This module knows nothing
 about which weights it multiplies.
 """
@@ -101,13 +102,20 @@ def choose_impls(n: int, k: int, dtype: torch.dtype) -> tuple[str, ...]:
 
 
 def _with_hysteresis(picks: list[str], timed: dict[int, dict[str, float]]) -> tuple[str, ...]:
-    """The most-picked implementation everywhere, except buckets where another is SWITCH_GAIN faster."""
+    """Which packed copies to keep, then each bucket's fastest of them. Kept: the most-picked
+    implementation, and any other that some bucket measured SWITCH_GAIN faster than it (a copy
+    worth its memory there). A bucket that was not timed takes the bucket before it."""
     main = max(set(picks), key=lambda name: (picks.count(name), name == picks[-1]))
-    out = []
+    kept = {main}
     for rows, pick in zip(ROW_BUCKETS, picks, strict=True):
         s = timed.get(rows, {})
-        gain = s[main] / s[pick] if main in s and pick in s and s[pick] > 0 else float("inf")
-        out.append(pick if pick != main and gain >= SWITCH_GAIN else main)
+        if main in s and pick in s and s[pick] > 0 and s[main] / s[pick] >= SWITCH_GAIN:
+            kept.add(pick)
+    out: list[str] = []
+    for rows in ROW_BUCKETS:
+        s = timed.get(rows, {})
+        measured = [name for name in sorted(kept) if name in s]
+        out.append(min(measured, key=s.__getitem__) if measured else out[-1] if out else main)
     return tuple(out)
 
 
