@@ -48,21 +48,26 @@ def test_strided_rows_and_empty_batch() -> None:
     assert native.linear(torch.empty(0, 20), cpu_gemm.pack_panels(w)).shape == (0, 48)
 
 
-@needs_native
-def test_a_row_gets_the_same_bits_alone_in_any_batch_and_on_any_thread_count() -> None:
-    x, w, bias = torch.randn(70, 576), torch.randn(1000, 576), torch.randn(1000)
+def assert_batch_invariant(kernel: cpu_gemm.NativeGemm, dtype: torch.dtype, tile_rows: int) -> None:
+    """A row's output has the same bits alone, anywhere in any batch, and on one thread or many."""
+    x, w, bias = (torch.randn(70, 576).to(dtype), torch.randn(1000, 576).to(dtype), torch.randn(1000).to(dtype))
     packed = cpu_gemm.pack_panels(w)
-    batch = native.linear(x, packed, bias)
-    for i in (0, 5, 6, 41, 69):  # first and last rows of 6-row tiles, a short last tile
-        assert torch.equal(native.linear(x[i : i + 1], packed, bias)[0], batch[i])
-    assert torch.equal(native.linear(x[3:50], packed, bias), batch[3:50])
+    batch = kernel.linear(x, packed, bias)
+    for i in (0, tile_rows - 1, tile_rows, 41, 69):  # first and last rows of tiles, a short last tile
+        assert torch.equal(kernel.linear(x[i : i + 1], packed, bias)[0], batch[i])
+    assert torch.equal(kernel.linear(x[3:50], packed, bias), batch[3:50])
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        single = native.linear(x, packed, bias)
+        single = kernel.linear(x, packed, bias)
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(single, batch)
+
+
+@needs_native
+def test_a_row_gets_the_same_bits_alone_in_any_batch_and_on_any_thread_count() -> None:
+    assert_batch_invariant(native, torch.float32, 6)
 
 
 @needs_native

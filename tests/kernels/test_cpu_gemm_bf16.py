@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from engine.worker.layers import linear as linear_mod
 from pageserve_kernels import choice, cpu_gemm
+from tests.kernels.test_cpu_gemm import assert_batch_invariant
 
 native = cpu_gemm.load(torch.bfloat16)
 needs_native = pytest.mark.skipif(native is None, reason="no AVX512-BF16 CPU or no C compiler: oneDNN path only")
@@ -60,19 +61,7 @@ def test_an_odd_k_never_reads_past_its_row() -> None:
 
 @needs_native
 def test_a_row_gets_the_same_bits_alone_in_any_batch_and_on_any_thread_count() -> None:
-    x, w, bias = torch.randn(70, 576).to(BF16), torch.randn(1000, 576).to(BF16), torch.randn(1000).to(BF16)
-    packed = cpu_gemm.pack_panels(w)
-    batch = native.linear(x, packed, bias)
-    for i in (0, 11, 12, 41, 69):  # first and last rows of 12-row tiles, a short last tile
-        assert torch.equal(native.linear(x[i : i + 1], packed, bias)[0], batch[i])
-    assert torch.equal(native.linear(x[3:50], packed, bias), batch[3:50])
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        single = native.linear(x, packed, bias)
-    finally:
-        torch.set_num_threads(threads)
-    assert torch.equal(single, batch)
+    assert_batch_invariant(native, BF16, 12)
 
 
 @needs_native
