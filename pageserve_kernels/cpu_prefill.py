@@ -11,6 +11,7 @@ place through the block table, 16 keys at a time:
       for each block holding keys the tile may see (position <= the query's):
         S = rows . K_block^T            6x16 FMA tiles over a transposed copy of the block
         causal mask, online softmax     running max and sum per row, rescaled on a new max
+                                        (a block's 16 scores as one AVX-512 vector where the build has it)
         O += P . V_block                6x16 FMA tiles, V read in place
       out = O / sum
 

@@ -48,6 +48,40 @@ static void product(int64_t rows, const float *a, int64_t lda, const float *b, i
 }
 
 #include "exp8_avx2.h"
+#if defined(__AVX512F__)
+#include "exp16_avx512.h"
+#endif
+
+/* One row's block of 16 scores sr (keys past `seen` masked) into the online softmax: on a new maximum the
+   row's output o and sum are rescaled; sr becomes exp(score - max), zero where masked. */
+INLINE void online_softmax(float *restrict sr, int64_t seen, float *restrict mx, float *restrict sum,
+                           float *restrict o, int64_t hd) {
+#if defined(__AVX512F__)
+    const __mmask16 valid = (__mmask16)(seen >= 16 ? 0xFFFFu : (1u << seen) - 1u);
+    const __m512 v = _mm512_loadu_ps(sr);
+    const float bm = _mm512_mask_reduce_max_ps(valid, v);
+#else
+    float bm = sr[0];
+    for (int64_t j = 1; j < seen; j++) bm = sr[j] > bm ? sr[j] : bm;
+#endif
+    if (bm > *mx) {
+        const float alpha = expf(*mx - bm); /* 0 on the first block */
+        for (int64_t d = 0; d < hd; d++) o[d] *= alpha;
+        *sum *= alpha;
+        *mx = bm;
+    }
+#if defined(__AVX512F__)
+    const __m512 e = _mm512_maskz_mov_ps(valid, exp16(_mm512_sub_ps(v, _mm512_set1_ps(*mx))));
+    _mm512_storeu_ps(sr, e);
+    *sum += _mm512_reduce_add_ps(e);
+#else
+    const __m256 m = _mm256_set1_ps(*mx);
+    _mm256_storeu_ps(sr, exp8(_mm256_sub_ps(_mm256_loadu_ps(sr), m)));
+    _mm256_storeu_ps(sr + 8, exp8(_mm256_sub_ps(_mm256_loadu_ps(sr + 8), m)));
+    for (int64_t j = seen; j < 16; j++) sr[j] = 0.f; /* masked and missing keys */
+    for (int64_t j = 0; j < seen; j++) *sum += sr[j];
+#endif
+}
 
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
 #define HAVE_DPBF16 1
@@ -134,22 +168,8 @@ INLINE void attend_tile(const void *q, int64_t q_stride, const void *kc, const v
             float *sr = s + r * 16;
             const int64_t pos = context_len + t0 + r / grp; /* this row's query position */
             const int64_t seen = pos - s0 + 1 < n ? pos - s0 + 1 : n; /* keys s0 .. s0+seen-1 visible */
-            if (seen <= 0) { memset(sr, 0, 16 * sizeof(float)); continue; }
-            float bm = sr[0];
-            for (int64_t j = 1; j < seen; j++) bm = sr[j] > bm ? sr[j] : bm;
-            if (bm > mx[r]) {
-                const float alpha = expf(mx[r] - bm); /* 0 on the first block */
-                for (int64_t d = 0; d < hd; d++) o[r * hd + d] *= alpha;
-                sum[r] *= alpha;
-                mx[r] = bm;
-            }
-            const __m256 m = _mm256_set1_ps(mx[r]);
-            const __m256 e0 = exp8(_mm256_sub_ps(_mm256_loadu_ps(sr), m));
-            const __m256 e1 = exp8(_mm256_sub_ps(_mm256_loadu_ps(sr + 8), m));
-            _mm256_storeu_ps(sr, e0);
-            _mm256_storeu_ps(sr + 8, e1);
-            for (int64_t j = seen; j < 16; j++) sr[j] = 0.f; /* masked and missing keys */
-            for (int64_t j = 0; j < seen; j++) sum[r] += sr[j];
+            if (seen <= 0) memset(sr, 0, 16 * sizeof(float));
+            else online_softmax(sr, seen, mx + r, sum + r, o + r * hd, hd);
         }
         for (int64_t c0 = 0; c0 < hd; c0 += 16)
             product(rows, s, 16, vs + c0, hd, n, o + c0, hd, 1);
