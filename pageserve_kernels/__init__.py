@@ -5,14 +5,15 @@
     cpu_decode.py       C: decode attention over the paged cache, float32 and bfloat16 (scalar, AVX2, AVX-512,
                         AVX512-BF16 loops; the fastest this host runs picked by choice.py)
     cpu_prefill.py      C: causal attention of every prompt chunk of a step over the paged cache, float32/bfloat16
-    cpu_gemm.py         C: float32 products over prepacked 16-column weight panels (every projection)
+    cpu_gemm.py         C: products over prepacked weight panels, float32 (AVX2) and bfloat16 (AVX512-BF16),
+                        one of the candidates engine/worker/layers/linear.py times per row bucket
     cpu_fused.py        C: add + RMSNorm, SiLU-and-mul, rotary, argmax, KV row copies for the float32 CPU forward pass
     cpu_fused_bf16.py   C (omp simd, vectorised for the host): add + RMSNorm, SiLU-and-mul, rotary, exact logits
                         (the vocab product's near-maximum in float32) in bfloat16
     choice.py           times candidate implementations once per host, caches and logs the fastest
     host_load.py        how many cores other processes took while we timed (busy timings are measured again)
     fused_choice.py     C kernel or PyTorch for each fused op, dtype and width, by choice.py
-    csrc/               the C sources of those kernels (package data; exp8_avx2.h and bf16_elem.h shared by both attentions,
+    csrc/               the C sources of those kernels (package data; exp8_avx2.h, exp16_avx512.h and bf16_elem.h shared,
                         decode_avx512.h the decode kernel's AVX-512 loops), and llama_layers.cpp (a torch
                         operator class that runs a Llama step's layers over those kernels: engine/worker/native_layers.py)
     native_build.py     compiles and caches the C kernels; PAGESERVE_NATIVE_KERNELS=0 turns them off
