@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import shutil
 
 import pytest
@@ -9,7 +10,7 @@ import torch
 
 from pageserve_kernels import cpu_attention as ca
 from pageserve_kernels import cpu_attention_plan as cap
-from pageserve_kernels import cpu_decode, cpu_prefill
+from pageserve_kernels import cpu_decode, cpu_prefill, native_build
 from pageserve_kernels import reference as ref
 
 
@@ -162,11 +163,22 @@ def _widened(args: tuple) -> tuple:
     return tuple(a.float() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
 
 
+@functools.cache
+def _build_without_avx512() -> cpu_prefill.NativePrefill | None:
+    """The prefill kernel compiled with -mno-avx512f: the loops an AVX2-only host runs, run on this one too."""
+    if cpu_prefill.load() is None:
+        return None
+    flags = (*native_build.FLAGS, "-mno-avx512f")
+    lib = native_build.try_load("prefill_attention_avx2", native_build.kernel_source("prefill_attention"), flags)
+    return None if lib is None else cpu_prefill.NativePrefill(lib)
+
+
+@pytest.mark.parametrize("build", ["native", "no-avx512"])
 @pytest.mark.parametrize(("dtype", "dots"), [(torch.float32, False), (torch.bfloat16, False), (torch.bfloat16, True)])
 @pytest.mark.parametrize("block_size", [16, 5, 32])
 @pytest.mark.parametrize(("hd", "n_q", "n_kv"), [(64, 9, 3), (16, 4, 4), (32, 8, 1), (48, 12, 1)])
 def test_native_prefill_matches_reference(block_size: int, hd: int, n_q: int, n_kv: int, dtype: torch.dtype,
-                                          dots: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+                                          dots: bool, build: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Prompt chunks in the C kernel: fresh and continued, any block size, NaN in every unused slot.
 
     bfloat16: the float32 attention of the same (bfloat16) values, rounded once: within one
@@ -174,11 +186,12 @@ def test_native_prefill_matches_reference(block_size: int, hd: int, n_q: int, n_
     both ways of taking Q . K^T (keys widened to float32, or AVX512-BF16 dot products where built).
     12 query heads on one KV head: 12 x 32 rows per tile, past the dot products' eight-row groups.
     """
-    kernel = cpu_prefill.load()
+    kernel = cpu_prefill.load() if build == "native" else _build_without_avx512()
     if kernel is None:
         pytest.skip("no AVX2+FMA or no C compiler: the native prefill kernel cannot be built")
+    monkeypatch.setattr(cpu_prefill, "load", lambda: kernel)
     if dots and not kernel.has_dot_products:
-        pytest.skip("no AVX512-BF16 on this host: the dot-product path is not built here")
+        pytest.skip("no AVX512-BF16 in this build (the host lacks it, or the build leaves AVX-512 out)")
     monkeypatch.setattr(kernel, "dot_products", dots)
     q_lens, seq_lens = PREFILL_MIX
     args = _batch(q_lens, seq_lens, n_q=n_q, n_kv=n_kv, hd=hd, block_size=block_size, seed=hd + block_size,
