@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from engine.worker.layers.linear import Packed, linear, pack
+from engine.worker.layers.linear import Packed, linear, pack_in_place
 from pageserve_kernels import cpu_attention
 from pageserve_kernels.cpu_attention import AttentionPlan
 from pageserve_kernels.fused_ops import rotate_qk
@@ -113,7 +113,7 @@ class Attention(nn.Module):
 
     def pack_weights(self) -> None:
         """Prepack the projections once the weights are loaded (engine/worker/layers/linear.py)."""
-        self.qkv_packed, self.o_packed = pack(self.qkv_weight), pack(self.o_weight)
+        self.qkv_packed, self.o_packed = pack_in_place(self.qkv_weight), pack_in_place(self.o_weight)
 
     def forward(
         self,

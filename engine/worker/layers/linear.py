@@ -80,6 +80,17 @@ def pack(weight: torch.Tensor) -> Packed | None:
     return LinearPlan(_upper_rows(), impls, packed)
 
 
+def pack_in_place(weight: torch.Tensor) -> Packed | None:
+    """pack(weight), and the raw weight's memory freed where no row bucket reads it (every bucket runs a
+    packed copy): the weight's bytes once instead of twice. Its dtype stays, its elements go; call once,
+    after loading (engine/worker/model_loader.py). A weight that is also read elsewhere (a tied lm_head,
+    the embedding) must use `pack` instead."""
+    plan = pack(weight)
+    if plan is not None and "torch" not in plan.impls:
+        weight.data = weight.data.new_empty(0)
+    return plan
+
+
 def choose_impls(n: int, k: int, dtype: torch.dtype) -> tuple[str, ...]:
     """Each row bucket's implementation for a (N, K) weight: measured (or cached) per bucket."""
     names = [c for c in candidates(dtype) if _packs(c, dtype)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.worker.layers.linear import Packed, linear, pack
+from engine.worker.layers.linear import Packed, linear, pack_in_place
 from pageserve_kernels.fused_ops import silu_and_mul
 
 
@@ -21,7 +21,7 @@ class GatedMLP(nn.Module):
         self.down_packed: Packed | None = None
 
     def pack_weights(self) -> None:
-        self.gate_up_packed, self.down_packed = pack(self.gate_up_weight), pack(self.down_weight)
+        self.gate_up_packed, self.down_packed = pack_in_place(self.gate_up_weight), pack_in_place(self.down_weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (T, H) -> (T, H)
         gate_up = linear(x, self.gate_up_weight, self.gate_up_packed)  # (T, 2 I)

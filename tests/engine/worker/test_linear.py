@@ -61,3 +61,19 @@ def test_measured_plans_are_made_once_per_shape_and_cached(monkeypatch: pytest.M
     assert all(impl in linear.candidates(torch.float32) for impl in first.impls)
     x = torch.randn(5, 16)
     torch.testing.assert_close(linear.linear(x, weight, first), F.linear(x, weight))
+
+
+@pytest.mark.parametrize("impl", linear.candidates(torch.float32))
+def test_packing_in_place_frees_a_raw_weight_no_bucket_reads(impl: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every bucket on a packed copy: the raw weight's elements go (its bytes once, not twice), the
+    products stay. With F.linear in some bucket the raw weight is what it multiplies, so it stays."""
+    monkeypatch.setenv(choice.FORCE_ENV, f"linear={impl}")
+    original, bias = torch.randn(40, 24), torch.randn(40)
+    weight = torch.nn.Parameter(original.clone(), requires_grad=False)
+    plan = linear.pack_in_place(weight)
+    assert plan is not None
+    assert weight.numel() == (original.numel() if impl == "torch" else 0) and weight.dtype == original.dtype
+    for rows in (1, 7, 300):
+        x = torch.randn(rows, 24)
+        torch.testing.assert_close(linear.linear(x, weight, plan, bias), F.linear(x, original, bias))
+

@@ -12,8 +12,10 @@ from transformers import AutoModelForCausalLM
 
 from engine.config import ModelConfig
 from engine.worker import model_loader
+from engine.worker.layers import linear as linear_mod
 from engine.worker.model_loader import load_model
 from engine.worker.models.llama import ModelConfigError
+from pageserve_kernels import choice
 from shared.sampling import SamplingParams
 from tests.engine.model_fixtures import hf_greedy, make_llm, random_prompts
 from tests.support.tiny_model import tiny_llama_folder
@@ -30,7 +32,10 @@ def test_linear_rope_scaling_and_untied_head_match_hf(tmp_path: Path) -> None:
         assert result.token_ids == hf_greedy(hf, prompt, 16)
 
 
-def test_loaded_shape_and_fused_weights(tmp_path: Path) -> None:
+def test_loaded_shape_and_fused_weights(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With F.linear for every product the layers keep the raw (fused) weights: they are what is multiplied."""
+    monkeypatch.setattr(linear_mod, "_PLANS", {})
+    monkeypatch.setenv(choice.FORCE_ENV, "linear=torch")
     folder = tiny_llama_folder(tmp_path, num_layers=2, num_heads=4, num_kv_heads=2, hidden_size=64)
     loaded = load_model(ModelConfig(str(folder), dtype="bfloat16", max_model_len=100))
     s = loaded.shape
