@@ -50,6 +50,9 @@ static void product(int64_t rows, const float *a, int64_t lda, const float *b, i
 #include "exp8_avx2.h"
 #if defined(__AVX512F__)
 #include "exp16_avx512.h"
+
+/* The first n of sixteen lanes (all of them from 16 on). */
+INLINE __mmask16 first_lanes(int64_t n) { return (__mmask16)(n >= 16 ? 0xFFFFu : (1u << n) - 1u); }
 #endif
 
 /* One row's block of 16 scores sr (keys past `seen` masked) into the online softmax: on a new maximum the
@@ -57,7 +60,7 @@ static void product(int64_t rows, const float *a, int64_t lda, const float *b, i
 INLINE void online_softmax(float *restrict sr, int64_t seen, float *restrict mx, float *restrict sum,
                            float *restrict o, int64_t hd) {
 #if defined(__AVX512F__)
-    const __mmask16 valid = (__mmask16)(seen >= 16 ? 0xFFFFu : (1u << seen) - 1u);
+    const __mmask16 valid = first_lanes(seen);
     const __m512 v = _mm512_loadu_ps(sr);
     const float bm = _mm512_mask_reduce_max_ps(valid, v);
 #else
@@ -141,17 +144,17 @@ INLINE void transpose16x16(__m512i r[16]) {
     }
 }
 
-/* Sixteen 32-bit values of key j's row from `col` on (float32 K: hd values; bfloat16 widened; dp: bfloat16
-   pairs, `valid` of them), zero past n. */
-INLINE __m512i key_chunk(const void *kc, const int64_t *slots, int64_t j, int64_t n, int64_t hd, int64_t col,
+/* Sixteen 32-bit values of slot j's row of a cache (K or V) from `col` on (float32: hd values; bfloat16
+   widened; dp: bfloat16 pairs, `valid` of them), zero past n. */
+INLINE __m512i row_chunk(const void *cache, const int64_t *slots, int64_t j, int64_t n, int64_t hd, int64_t col,
                          __mmask16 valid, int bf16, int dp) {
     if (j >= n) return _mm512_setzero_si512();
-    if (dp) return _mm512_maskz_loadu_epi32(valid, (const uint32_t *)((const uint16_t *)kc + slots[j] * hd) + col);
+    if (dp) return _mm512_maskz_loadu_epi32(valid, (const uint32_t *)((const uint16_t *)cache + slots[j] * hd) + col);
     if (bf16)
         return _mm512_slli_epi32(
-            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)kc + slots[j] * hd + col))),
+            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)cache + slots[j] * hd + col))),
             16);
-    return _mm512_loadu_si512((const float *)kc + slots[j] * hd + col);
+    return _mm512_loadu_si512((const float *)cache + slots[j] * hd + col);
 }
 #endif
 
@@ -165,15 +168,15 @@ INLINE void gather_block(const void *kc, const void *vc, const int64_t *slots, i
 #if defined(__AVX512F__)
     for (int64_t col = 0; col < width; col += 16) {
         const int64_t left = width - col < 16 ? width - col : 16;
-        const __mmask16 valid = (__mmask16)(left >= 16 ? 0xFFFFu : (1u << left) - 1u);
+        const __mmask16 valid = first_lanes(left);
         __m512i r[16];
-        for (int64_t j = 0; j < 16; j++) r[j] = key_chunk(kc, slots, j, n, hd, col, valid, bf16, dp);
+        for (int64_t j = 0; j < 16; j++) r[j] = row_chunk(kc, slots, j, n, hd, col, valid, bf16, dp);
         transpose16x16(r);
         for (int64_t i = 0; i < left; i++) _mm512_storeu_si512(kt32 + (col + i) * 16, r[i]);
     }
     for (int64_t j = 0; j < n; j++) /* hd is a multiple of 16 (cpu_prefill.supports) */
         for (int64_t d = 0; d < hd; d += 16)
-            _mm512_storeu_si512(vs + j * hd + d, key_chunk(vc, slots, j, n, hd, d, 0xFFFF, bf16, 0));
+            _mm512_storeu_si512(vs + j * hd + d, row_chunk(vc, slots, j, n, hd, d, 0xFFFF, bf16, 0));
 #else
     for (int64_t j = 0; j < 16; j++)
         for (int64_t c = 0; c < width; c++) {
@@ -197,7 +200,7 @@ INLINE void attend_tile(const void *q, int64_t q_stride, const void *kc, const v
     const int64_t n_q = n_kv * grp, rows = (t1 - t0) * grp, pairs = hd / 2;
     /* bfloat16 with AVX512-BF16: Q . K^T from the tensors' own bfloat16 pairs (qs and kt then hold
        uint32 pairs, the scale is applied to the sums); softmax and P . V stay in float32 as below. */
-    uint32_t *qb = (uint32_t *)qs, *kt2 = (uint32_t *)kt;
+    uint32_t *qb = (uint32_t *)qs;
     for (int64_t t = t0; t < t1; t++)
         for (int64_t g = 0; g < grp; g++) {
             const int64_t r = (t - t0) * grp + g;
@@ -217,7 +220,7 @@ INLINE void attend_tile(const void *q, int64_t q_stride, const void *kc, const v
             slots[j] = (table[(s0 + j) / bs] * bs + (s0 + j) % bs) * n_kv + h;
         gather_block(kc, vc, slots, n, hd, kt, vs, bf16, dp);
 #if HAVE_DPBF16
-        if (dp) scores_dpbf16(rows, qb, pairs, kt2, scale, s);
+        if (dp) scores_dpbf16(rows, qb, pairs, (const uint32_t *)kt, scale, s); /* kt holds the pairs */
         else
 #endif
             product(rows, qs, hd, kt, 16, hd, s, 16, 0);
