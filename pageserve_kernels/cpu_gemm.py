@@ -103,10 +103,8 @@ class NativeGemm:
 def load(dtype: torch.dtype = torch.float32) -> NativeGemm | None:
     """The compiled kernel for `dtype`, or None: no kernel for the dtype, the CPU lacks its instructions
     (AVX2+FMA; AVX-512 and AVX512-BF16), disabled, or no C compiler works."""
-    if dtype == torch.float32 and has_avx2_fma():
-        lib = native_build.try_load_kernel("gemm_f32", native_build.EXACT_FLAGS)
-    elif dtype == torch.bfloat16 and {"avx512f", "avx512_bf16"} <= cpu_flags():
-        lib = native_build.try_load_kernel("gemm_bf16", native_build.EXACT_FLAGS)
-    else:
+    has_instructions = {torch.float32: has_avx2_fma, torch.bfloat16: lambda: {"avx512f", "avx512_bf16"} <= cpu_flags()}
+    if dtype not in _KERNELS or not has_instructions[dtype]():
         return None
+    lib = native_build.try_load_kernel(_KERNELS[dtype], native_build.EXACT_FLAGS)
     return None if lib is None else NativeGemm(lib, dtype)
