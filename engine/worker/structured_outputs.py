@@ -121,22 +121,23 @@ class StructuredOutputs:
         import xgrammar
 
         bitmask = self._bitmask(len(rows), logits.shape[1])  # (N, ceil(V / 32)) int32
+        guard = self._utf8_guard(bitmask.shape[1])
         masked = []
         for i in constrained:
             guide = self._guide(rows[i])
             if guide.broken or guide.matcher.is_terminated():
                 continue
             guide.matcher.fill_next_token_bitmask(bitmask, i)
-            self._keep_utf8(bitmask, i, guide, rows[i].request_id)
+            self._keep_utf8(bitmask, i, guide, guard, rows[i].request_id)
             masked.append(i)
         if masked:
             xgrammar.apply_token_bitmask_inplace(logits, bitmask.to(logits.device), indices=masked)
 
-    def _keep_utf8(self, bitmask: torch.Tensor, row: int, guide: _Guide, request_id: str) -> None:
+    def _keep_utf8(self, bitmask: torch.Tensor, row: int, guide: _Guide, guard: utf8_guard.Utf8Guard,
+                   request_id: str) -> None:
         """Narrow the row to tokens that keep the sample's bytes well-formed UTF-8 (engine/worker/utf8_guard.py),
         unless that leaves nothing: a grammar that asks for ill-formed bytes gets them."""
-        assert self._utf8 is not None
-        narrowed = bitmask[row] & self._utf8.allowed(guide.utf8_states[-1])
+        narrowed = bitmask[row] & guard.allowed(guide.utf8_states[-1])
         if bool(narrowed.any()):
             bitmask[row] = narrowed
         else:
@@ -149,10 +150,14 @@ class StructuredOutputs:
         width = (vocab_size + 31) // 32
         if self._buffer is None or self._buffer.shape[0] < num_rows or self._buffer.shape[1] != width:
             self._buffer = torch.full((max(num_rows, 64), width), -1, dtype=torch.int32)
+        return self._buffer[:num_rows]
+
+    def _utf8_guard(self, width: int) -> utf8_guard.Utf8Guard:
+        """The vocabulary's UTF-8 table for bitmasks `width` words wide: built at the first constrained step."""
         if self._utf8 is None or self._utf8.allowed(utf8_guard.START).shape[0] != width:
             self._get_compiler()
             self._utf8 = utf8_guard.Utf8Guard(self._tokenizer_info.decoded_vocab, width)
-        return self._buffer[:num_rows]
+        return self._utf8
 
     def advance(self, rows: list[ScheduledChunk], tokens: list[int]) -> None:
         """Each constrained row's matcher accepts the token sampled for it."""
