@@ -227,3 +227,24 @@ def test_prefill_kernel_is_skipped_where_it_does_not_apply(monkeypatch: pytest.M
         assert bool(calls) == used
         tol = 1e-5 if dtype == torch.float32 else 2e-2
         torch.testing.assert_close(out.float(), ref.paged_attention_ref(*_widened(args)), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("build", ["native", "no-avx512"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prefill_rescales_on_each_new_maximum(build: str, dtype: torch.dtype) -> None:
+    """Scores that grow by 10 a key: each block's maximum is ~160 above the last one's, so exp(score -
+    first maximum) overflows unless the running output and sum are rescaled on every new maximum."""
+    kernel = cpu_prefill.load() if build == "native" else _build_without_avx512()
+    if kernel is None:
+        pytest.skip("no AVX2+FMA or no C compiler: the native prefill kernel cannot be built")
+    n, hd = 48, 16
+    keys = (torch.arange(n, dtype=torch.float32) * 2.5)[:, None].expand(n, hd)  # q . k * 0.25 = 10 j
+    kc = keys.reshape(n // 16, 16, 1, hd).to(dtype).contiguous()
+    vc = torch.randn(n // 16, 16, 1, hd).to(dtype)
+    q = torch.ones(n, 1, hd, dtype=dtype)
+    out = torch.empty_like(q)
+    one = torch.tensor([n], dtype=torch.int64)
+    kernel(out, q, kc, vc, torch.zeros(1, dtype=torch.int64), one, torch.zeros(1, dtype=torch.int64),
+           torch.arange(n // 16, dtype=torch.int64)[None].contiguous(), 0.25)
+    # each query t sees keys 0..t; key t outweighs the rest by e^10 at least: out[t] is V[t]
+    torch.testing.assert_close(out.float()[:, 0], vc.reshape(n, hd).float(), atol=1e-3, rtol=1e-3)
