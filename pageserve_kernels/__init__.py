@@ -13,6 +13,7 @@
     choice.py           times candidate implementations once per host, caches and logs the fastest
     host_load.py        how many cores other processes took while we timed (busy timings are measured again)
     fused_choice.py     C kernel or PyTorch for each fused op, dtype and width, by choice.py
+    prefill_choice.py   the C prefill kernel or PyTorch's SDPA for prompt chunks, per dtype and head shape, by choice.py
     csrc/               the C sources of those kernels (package data; exp8_avx2.h, exp16_avx512.h and bf16_elem.h shared,
                         decode_avx512.h the decode kernel's AVX-512 loops), and llama_layers.cpp (a torch
                         operator class that runs a Llama step's layers over those kernels: engine/worker/native_layers.py)

@@ -10,7 +10,7 @@ step (pageserve_kernels/cpu_attention_plan.py) from host-side lists (no tensor -
 Decodes (one query token each) dominate a serving step's attention, and they
 are memory-bound: every step reads each running request's whole K/V. Two ways:
 
-  native   a small C kernel (pageserve_kernels/native_decode.py, compiled once with the
+  native   a small C kernel (pageserve_kernels/cpu_decode.py, compiled once with the
            system C compiler, OpenMP over (request, KV head)) reads the blocks
            in place through the block table: one pass over the KV bytes.
   torch    fallback without a compiler: decodes are bucketed by context length
@@ -19,7 +19,8 @@ are memory-bound: every step reads each running request's whole K/V. Two ways:
            batched `scaled_dot_product_attention` (GQA without repeating K/V).
            Three passes over the KV bytes (gather read, write, attention read).
 
-Prompt chunks, float32 with the native kernels: one C call for all of them
+Prompt chunks, with the native kernels where the C prefill kernel measured faster than PyTorch's
+SDPA on this host (pageserve_kernels/prefill_choice.py): one C call for all of them
 (pageserve_kernels/cpu_prefill.py) reads context and chunk K/V in place through the block
 tables. Otherwise a chunk whose request has nothing cached yet (context_len == 0)
 attends causally to the step's own K/V and never touches the cache; a chunk

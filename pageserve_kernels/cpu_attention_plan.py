@@ -118,11 +118,13 @@ def plan_attention(
     block_size: int,
     device: torch.device | str = "cpu",
     native: bool = False,
+    native_prompts: bool | None = None,
 ) -> AttentionPlan:
     """Plan one step. Requests are in flat-batch order; seq_lens count the cache after the write.
 
     `native` hands the decodes to the C kernel (check `native_decode_available` first), and the
-    prompt chunks to the C prefill kernel where that one is built.
+    prompt chunks to the C prefill kernel where that one is built, unless `native_prompts` is False
+    (PyTorch's attention measured faster here: pageserve_kernels/prefill_choice.py); None follows `native`.
     """
     starts = [0]
     for q in query_lens:
@@ -145,7 +147,7 @@ def plan_attention(
         if q > 1
     ]
     prefill_plan = None
-    if native and chunks and cpu_prefill.load() is not None:
+    if (native if native_prompts is None else native_prompts) and chunks and cpu_prefill.load() is not None:
         prompt = [i for i, q in enumerate(query_lens) if q > 1]
         prefill_plan = _native_prefill([starts[i] for i in prompt], [query_lens[i] for i in prompt],
                                        [seq_lens[i] for i in prompt], [block_tables[i] for i in prompt],

@@ -21,27 +21,35 @@ from engine.step_failures import EngineStateLost
 from engine.worker import host_allocator
 from engine.worker.decode_graphs import DecodeGraphs
 from engine.worker.input_batch import build_step_inputs, order_chunks
-from engine.worker.kv_cache import KVCache
+from engine.worker.kv_cache import CacheLayout, KVCache
 from engine.worker.layers.attention import KernelPagedAttention, PagedAttentionOp, TorchPagedAttention
 from engine.worker.models.llama import LlamaModel
 from engine.worker.native_layers import NativeLayers
 from engine.worker.sampler import Sampler
 from engine.worker.structured_outputs import StructuredOutputs
+from pageserve_kernels import prefill_choice
 from pageserve_kernels.cpu_attention import native_decode_available
 from pageserve_kernels.dispatch import AttentionBackend
 
 
-def make_attention(choice: str | AttentionBackend, device: torch.device, kv_dtype: torch.dtype) -> PagedAttentionOp:
+def make_attention(choice: str | AttentionBackend, device: torch.device, layout: CacheLayout,
+                   num_heads: int) -> PagedAttentionOp:
     """The attention op of a backend choice or an already selected backend; it plans its own step metadata."""
     if isinstance(choice, AttentionBackend):
-        if choice.name == "torch":
-            return TorchPagedAttention(native_decode_available(kv_dtype, device))
-        return KernelPagedAttention(choice)
+        return _cpu_attention(device, layout, num_heads) if choice.name == "torch" else KernelPagedAttention(choice)
     if choice == "torch" or (choice == "auto" and device.type != "cuda"):
-        return TorchPagedAttention(native_decode_available(kv_dtype, device))
+        return _cpu_attention(device, layout, num_heads)
     from pageserve_kernels.dispatch import select_backend  # Triton modules load only when chosen
 
     return KernelPagedAttention(select_backend(choice, device))
+
+
+def _cpu_attention(device: torch.device, layout: CacheLayout, num_heads: int) -> TorchPagedAttention:
+    """The C kernels where they load; prompt chunks in C only where it beat PyTorch's attention here."""
+    native = native_decode_available(layout.dtype, device)
+    prompts = native and prefill_choice.native_prompts_win(layout.dtype, num_heads, layout.num_kv_heads,
+                                                           layout.head_dim, layout.block_size)
+    return TorchPagedAttention(native, prompts)
 
 
 class ModelRunner:
@@ -57,7 +65,7 @@ class ModelRunner:
         """Grammar masks of constrained rows, applied right before sampling (None: no request may be constrained)."""
         self.device = kv_cache.device_pool.device
         self.block_size = kv_cache.layout.block_size
-        self.attention = make_attention(attention_backend, self.device, kv_cache.layout.dtype)
+        self.attention = make_attention(attention_backend, self.device, kv_cache.layout, model.shape.num_heads)
         self.fast_forward: DecodeGraphs | NativeLayers | None = None
         """Decode-only steps without the Python forward: recorded CUDA graphs, or the CPU's C++ layer loop
         (EngineCore sets it up at start-up; its forward returns None for steps it does not cover)."""

@@ -78,13 +78,16 @@ class NativeLayers:
         kernels = _kernel_addresses(model)
         if kernels is None or not torch_ops.load("llama_layers"):
             return None
+        assert isinstance(attention, TorchPagedAttention)  # _plain_cpu_llama checked
+        if not attention.native_prompts:  # PyTorch's prompt attention won here (pageserve_kernels/prefill_choice.py)
+            kernels[7] = 0
         s, block_size = model.shape, kv_layers[0][0].shape[1]
         decode, prefill = cpu_decode.load(), cpu_prefill.load()
         assert decode is not None  # the attention op planned for it
         isa = VARIANTS.index(decode.pick(model.dtype, s.num_heads, s.num_kv_heads, s.head_dim, block_size))
         dot_products = -1 if model.dtype == torch.float32 or prefill is None else int(prefill.dot_products)
         log.info("CPU steps run the layers in C++ (pageserve_kernels/csrc/llama_layers.cpp)%s",
-                 "" if kernels[7] else ", decode-only steps (no C prefill kernel here)")
+                 "" if kernels[7] else ", decode-only steps (prompt chunks run PyTorch's attention here)")
         return cls(model, kv_layers, kernels, isa, dot_products)
 
     def forward(self, inputs: StepInputs) -> torch.Tensor | None:

@@ -25,9 +25,11 @@ PROBE = textwrap.dedent("""
         import torch
         from types import SimpleNamespace
         from engine.worker.model_runner import ModelRunner
+        import os
+        os.environ["PAGESERVE_KERNEL_CHOICE"] = "prefill_attention=c"  # nothing to time for a fake model
         kv = SimpleNamespace(device_pool=SimpleNamespace(device=torch.device("cpu")),
-                             layout=SimpleNamespace(block_size=16, dtype=torch.float32))
-        ModelRunner(None, kv, None)
+                             layout=SimpleNamespace(block_size=16, dtype=torch.float32, num_kv_heads=2, head_dim=32))
+        ModelRunner(SimpleNamespace(shape=SimpleNamespace(num_heads=4)), kv, None)
         took = host_allocator.keep_freed_buffers.cache_info().currsize  # called once already?
     else:
         took = host_allocator.keep_freed_buffers()

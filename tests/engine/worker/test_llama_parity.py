@@ -13,7 +13,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from pageserve_kernels import cpu_fused
+from engine.llm import LLM
+from engine.worker.layers.attention import TorchPagedAttention
+from pageserve_kernels import choice, cpu_fused, cpu_prefill
 from shared.sampling import SamplingParams
 from tests.engine.model_fixtures import hf_greedy, make_llm, random_prompts, tiny_model
 from tests.support.tiny_model import tiny_llama_folder
@@ -24,7 +26,7 @@ LENGTHS = [1, 5, 17, 33, 8, 60, 2, 25]
 GREEDY_64 = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
 
 
-def _check_parity(folder: Path, lengths: list[int], vocab: int, *, blocks: int, block_size: int, budget: int) -> None:
+def _check_parity(folder: Path, lengths: list[int], vocab: int, *, blocks: int, block_size: int, budget: int) -> LLM:
     prompts = random_prompts(lengths, vocab)
     llm = make_llm(folder, blocks=blocks, block_size=block_size, budget=budget, seqs=8)
     results = llm.generate(prompts, GREEDY_64, detokenize=False)
@@ -38,10 +40,18 @@ def _check_parity(folder: Path, lengths: list[int], vocab: int, *, blocks: int, 
     for prompt, result in zip(prompts, results, strict=True):
         assert result.finish_reason == "length"
         assert result.token_ids == hf_greedy(hf, prompt, 64), f"prompt of {len(prompt)} tokens diverged"
+    return llm
 
 
-def test_tiny_llama_matches_hf_generate(tiny_model: Path) -> None:
-    _check_parity(tiny_model, LENGTHS, 512, blocks=40, block_size=4, budget=24)
+@pytest.mark.parametrize("prompt_attention", ["c", "torch"])
+def test_tiny_llama_matches_hf_generate(tiny_model: Path, prompt_attention: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both prompt-attention paths a host may pick (pageserve_kernels/prefill_choice.py)."""
+    if prompt_attention == "c" and cpu_prefill.load() is None:
+        pytest.skip("no C prefill kernel here")
+    monkeypatch.setenv(choice.FORCE_ENV, f"prefill_attention={prompt_attention}")
+    llm = _check_parity(tiny_model, LENGTHS, 512, blocks=40, block_size=4, budget=24)
+    attention = llm.core.runner.attention
+    assert isinstance(attention, TorchPagedAttention) and attention.native_prompts == (prompt_attention == "c")
 
 
 def test_tiny_llama_matches_hf_on_the_pytorch_elementwise_path(tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -3,8 +3,8 @@
 Every step the C++ layers run is also run by the Python forward on the same inputs (both write
 the same K/V to the same slots), and the hidden states must be equal: decode, prompt and mixed
 steps. Steps whose attention is not all C kernels stay with Python. The tiny model's widths lose
-to PyTorch in fused_choice's timing on some hosts, so the fused ops are forced to their C kernels
-here, for both paths alike.
+to PyTorch in fused_choice's and prefill_choice's timing on some hosts, so the fused ops and prompt
+attention are forced to their C kernels here, for both paths alike.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from engine.step_failures import RequestsFailed
 from engine.worker.input_batch import StepInputs
 from engine.worker.layers import linear as linear_mod
 from engine.worker.native_layers import TIMED_KINDS, NativeLayers
-from pageserve_kernels import choice, cpu_gemm, cpu_prefill, fused_choice, torch_ops
+from pageserve_kernels import choice, cpu_gemm, cpu_prefill, fused_choice, prefill_choice, torch_ops
 from shared.sampling import SamplingParams
 from tests.engine.model_fixtures import random_prompts
 from tests.support.tiny_model import tiny_llama_folder
@@ -41,6 +41,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(autouse=True)
 def c_fused_ops(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(fused_choice, "native_wins", lambda *args: True)
+    monkeypatch.setattr(prefill_choice, "native_prompts_win", lambda *args: True)
     yield
 
 
