@@ -8,10 +8,11 @@ loop calls the very kernels the Python layers would (the C kernels by address, t
 the implementation linear.py picked for the step's row count), so its hidden states equal the
 Python forward's bit for bit; what it drops is the glue.
 
-It runs every step whose attention the C kernels take whole (decode rows through
-pageserve_kernels/cpu_decode.py, prompt chunks through pageserve_kernels/cpu_prefill.py) when every
-op of the layer has a C kernel this host picked (pageserve_kernels/fused_choice.py); other steps
-run the Python forward. It is the CPU's counterpart of engine/worker/decode_graphs.py (CUDA graphs),
+It runs every step whose decode rows the C kernel takes (pageserve_kernels/cpu_decode.py) when every
+op of the layer has a C kernel this host picked (pageserve_kernels/fused_choice.py); prompt chunks
+go to the C prefill kernel (pageserve_kernels/cpu_prefill.py) or, where PyTorch's attention won on
+this host (pageserve_kernels/prefill_choice.py) or the kernel is not built, to the same SDPA calls
+from C++. Other steps run the Python forward. It is the CPU's counterpart of engine/worker/decode_graphs.py (CUDA graphs),
 behind the same `forward(inputs) -> hidden | None`. Off with `enforce_eager`, or with
 PAGESERVE_KERNEL_CHOICE=llama_layers=python (=cpp, the default, where it applies); without a C++
 compiler it never loads.
@@ -38,14 +39,14 @@ from pageserve_kernels import (
     fused_choice,
     torch_ops,
 )
-from pageserve_kernels.cpu_attention import AttentionPlan
+from pageserve_kernels.cpu_attention import ChunkPlan, NativePrefillPlan
 from pageserve_kernels.cpu_decode import VARIANTS
 
 log = logging.getLogger("pageserve.engine")
 
 IMPLS = {"torch": 0, "onednn": 1, "panel": 2}  # llama_layers.cpp's `Dims::impl` codes
 TIMED_KINDS = ("C norms", "C rotary", "KV cache write", "C decode attention", "C silu_and_mul",
-               "linear", "C prefill attention")  # llama_layers.cpp's `Kind` order, as bench step-overhead names them
+               "linear", "prompt attention")  # llama_layers.cpp's `Kind` order, as bench step-overhead names them
 _NONE = torch.empty(0, dtype=torch.int64)
 _NO_TABLE = torch.empty(0, 0, dtype=torch.int64)
 _NO_TIMINGS = torch.empty(0, dtype=torch.float64)
@@ -58,8 +59,8 @@ class NativeLayers:
         self.isa, self.dot_products = isa, dot_products
         s = model.shape
         self.eps, self.scale = s.rms_norm_eps, s.head_dim**-0.5
-        self.prompts = kernels[7] != 0
-        """Steps with prompt chunks run here too (the C prefill kernel loaded for this dtype and head size)."""
+        self.prompts_in_c = kernels[7] != 0
+        """Prompt chunks run the C prefill kernel (else PyTorch's attention, called from C++)."""
         self._layers: dict[tuple[str, ...], Any] = {}
         """llama_layers.cpp's `LlamaLayers` for each choice of products (row buckets sharing it share it)."""
         self._timings: torch.Tensor | None = None
@@ -79,23 +80,23 @@ class NativeLayers:
         if kernels is None or not torch_ops.load("llama_layers"):
             return None
         assert isinstance(attention, TorchPagedAttention)  # _plain_cpu_llama checked
-        if not attention.native_prompts:  # PyTorch's prompt attention won here (pageserve_kernels/prefill_choice.py)
-            kernels[7] = 0
+        if not attention.native_prompts:  # PyTorch's attention won here (pageserve_kernels/prefill_choice.py)
+            kernels[7] = 0  # the C++ loop calls it for prompt chunks
         s, block_size = model.shape, kv_layers[0][0].shape[1]
         decode, prefill = cpu_decode.load(), cpu_prefill.load()
         assert decode is not None  # the attention op planned for it
         isa = VARIANTS.index(decode.pick(model.dtype, s.num_heads, s.num_kv_heads, s.head_dim, block_size))
         dot_products = -1 if model.dtype == torch.float32 or prefill is None else int(prefill.dot_products)
-        log.info("CPU steps run the layers in C++ (pageserve_kernels/csrc/llama_layers.cpp)%s",
-                 "" if kernels[7] else ", decode-only steps (prompt chunks run PyTorch's attention here)")
+        log.info("CPU steps run the layers in C++ (pageserve_kernels/csrc/llama_layers.cpp), prompt attention by %s",
+                 "the C kernel" if kernels[7] else "PyTorch's SDPA")
         return cls(model, kv_layers, kernels, isa, dot_products)
 
     def forward(self, inputs: StepInputs) -> torch.Tensor | None:
         """The body's hidden states (T, H) float32, or None when this step's attention is not all C kernels."""
         plan, rows = inputs.meta.plan, inputs.input_ids.shape[0]
-        if plan is None or rows == 0 or plan.decode_groups or not self._covers(plan):
+        if plan is None or rows == 0 or plan.decode_groups:
             return None
-        nd, npf = plan.native_decode, plan.native_prefill
+        nd, npf = plan.native_decode, plan.native_prefill or _prompt_tables(plan.chunks)
         h = self.model.embed_tokens(inputs.input_ids)  # (T, H)
         cos, sin_signed = self.model.rotary.lookup(inputs.positions)  # (T, 1, hd) each
         decode = (nd.rows, nd.block_tables, nd.seq_lens, nd.max_seq_len) if nd else (_NONE, _NO_TABLE, _NONE, 0)
@@ -114,12 +115,6 @@ class NativeLayers:
         seconds, calls = self._timings.tolist()
         self._timings = None
         return {kind: (s, int(c)) for kind, s, c in zip(TIMED_KINDS, seconds, calls, strict=True)}
-
-    def _covers(self, plan: AttentionPlan) -> bool:
-        """Every row goes to a C kernel: decodes (no PyTorch decode groups) and, if any, prompt chunks."""
-        if not plan.chunks:
-            return True
-        return self.prompts and plan.native_prefill is not None
 
     def _layers_for(self, rows: int) -> Any:
         first = self.model.layers[0]
@@ -145,6 +140,16 @@ class NativeLayers:
         dims = [s.num_heads, s.num_kv_heads, s.head_dim, self.isa, self.dot_products, *(IMPLS[i] for i in impls),
                 *outs]
         return torch.classes.pageserve.LlamaLayers(tensors, self.kernels, dims, self.eps, self.scale)
+
+
+def _prompt_tables(chunks: tuple[ChunkPlan, ...]) -> NativePrefillPlan | None:
+    """The chunks as the C++ loop takes them, where the plan left them to PyTorch's attention."""
+    if not chunks:
+        return None
+    return NativePrefillPlan(
+        torch.tensor([c.start for c in chunks], dtype=torch.int64), torch.tensor([c.end - c.start for c in chunks]),
+        torch.tensor([c.context_len for c in chunks]),
+        torch.nn.utils.rnn.pad_sequence([c.block_index for c in chunks], batch_first=True))
 
 
 def _product_weight(weight: torch.Tensor, plan: object, impl: str) -> torch.Tensor:

@@ -11,8 +11,10 @@
    The C kernels come as addresses (their ctypes bindings' functions): no second build of them, and
    whatever variant the host picked. The products run the implementation the Python path picked for
    this row count (engine/worker/layers/linear.py): our panel GEMM, oneDNN's packed product, or
-   at::linear. Attention is the C kernels' only: decode rows (paged_decode.c) and prompt chunks
-   (prefill_attention.c). Everything else (which steps qualify, the choices) is decided in Python. */
+   at::linear. Decode rows go to the C kernel (paged_decode.c); prompt chunks to the C prefill kernel
+   (prefill_attention.c) or, where PyTorch's attention won on this host (pageserve_kernels/prefill_choice.py),
+   to at::scaled_dot_product_attention as pageserve_kernels/cpu_attention.py calls it. Everything else
+   (which steps qualify, the choices) is decided in Python. */
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -47,7 +49,7 @@ struct Kernels {
     StoreKv store_kv;
     PagedDecode decode;
     Gemm gemm;           // the model dtype's panel GEMM (gemm_f32 or gemm_bf16); null where it did not load
-    void* prefill;       // PrefillF32 or PrefillBf16 by the model's dtype; null: steps with prompts stay in Python
+    void* prefill;       // PrefillF32 or PrefillBf16 by the model's dtype; null: prompt chunks run PyTorch's SDPA
 };
 
 /* The order of `dims` (engine/worker/native_layers.py's `_make_layers`). */
@@ -106,6 +108,7 @@ struct Step {
     int threads;
     int64_t max_seq;
     float eps, scale;
+    double sdpa_scale;  // the scale as the Python float PyTorch's attention gets there (`scale` is its float)
     const at::Tensor &cos, &sin, &slots;
     const at::Tensor &rows, &tables, &seq_lens;                  // decode rows (none: empty)
     const at::Tensor &starts, &lens, &context_lens, &chunk_tables;  // prompt chunks (none: empty)
@@ -124,6 +127,43 @@ void prefill(const Step& s, const char* q, int64_t row, const at::Tensor& key_ca
     s.time(PREFILL, [&] {
         if (d.dot_products < 0) args(reinterpret_cast<PrefillF32>(s.k.prefill));
         else args(reinterpret_cast<PrefillBf16>(s.k.prefill), (int)d.dot_products);
+    });
+}
+
+/* The prompt chunks' attention by PyTorch (the C prefill kernel lost to it here, or is not built): the
+   calls, views and masks of pageserve_kernels/cpu_attention.py's chunk loop, so results equal its bit for
+   bit. A fresh prompt attends to its own rows' K/V; a continuation gathers its blocks, masked causally
+   from its context length on. */
+void sdpa_prompts(const Step& s, const at::Tensor& qkv, const at::Tensor& key_cache, const at::Tensor& value_cache) {
+    const Dims& d = s.d;
+    const int64_t t = qkv.size(0), bs = key_cache.size(1);
+    const at::Tensor heads = qkv.view({t, d.n_q + 2 * d.n_kv, d.hd});
+    const at::Tensor q = heads.narrow(1, 0, d.n_q), k = heads.narrow(1, d.n_q, d.n_kv),
+                     v = heads.narrow(1, d.n_q + d.n_kv, d.n_kv);
+    const at::Tensor out = s.attn_out.view({t, d.n_q, d.hd});
+    const int64_t *starts = s.starts.data_ptr<int64_t>(), *lens = s.lens.data_ptr<int64_t>(),
+                  *context = s.context_lens.data_ptr<int64_t>();
+    auto as_bhsd = [](const at::Tensor& x) { return x.transpose(0, 1).unsqueeze(0); };  // (L, h, hd) -> (1, h, L, hd)
+    s.time(PREFILL, [&] {
+        for (int64_t c = 0; c < s.starts.size(0); c++) {
+            const int64_t len = lens[c], seq_len = context[c] + len;
+            at::Tensor o;
+            if (context[c] == 0) {
+                o = at::scaled_dot_product_attention(as_bhsd(q.narrow(0, starts[c], len)),
+                                                     as_bhsd(k.narrow(0, starts[c], len)),
+                                                     as_bhsd(v.narrow(0, starts[c], len)), std::nullopt, 0.0, true,
+                                                     s.sdpa_scale, true);
+            } else {
+                const at::Tensor blocks = s.chunk_tables[c].narrow(0, 0, (seq_len + bs - 1) / bs);
+                auto gather = [&](const at::Tensor& cache) {
+                    return as_bhsd(cache.index_select(0, blocks).view({-1, d.n_kv, d.hd}).narrow(0, 0, seq_len));
+                };
+                const at::Tensor mask = at::ones({len, seq_len}, qkv.options().dtype(at::kBool)).tril(context[c]);
+                o = at::scaled_dot_product_attention(as_bhsd(q.narrow(0, starts[c], len)), gather(key_cache),
+                                                     gather(value_cache), mask, 0.0, false, s.sdpa_scale, true);
+            }
+            out.narrow(0, starts[c], len).copy_(o[0].transpose(0, 1));
+        }
     });
 }
 
@@ -151,7 +191,8 @@ const at::Tensor& attend(const Step& s, at::Tensor& qkv, at::Tensor& key_cache, 
                    s.seq_lens.data_ptr<int64_t>(), s.rows.size(0), d.n_q, d.n_kv, d.hd, key_cache.size(1), s.scale,
                    s.max_seq, s.threads, row, (int)d.isa);
     });
-    if (s.starts.numel()) prefill(s, base, row, key_cache, value_cache);
+    if (s.starts.numel() && s.k.prefill != nullptr) prefill(s, base, row, key_cache, value_cache);
+    else if (s.starts.numel()) sdpa_prompts(s, qkv, key_cache, value_cache);
     return s.attn_out;
 }
 
@@ -200,7 +241,6 @@ void check_step(const Step& s, const at::Tensor& h, const at::Tensor& timings) {
     int64_t covered = s.rows.size(0);
     for (int64_t c = 0; c < s.lens.size(0); c++) covered += s.lens.data_ptr<int64_t>()[c];
     TORCH_CHECK(covered == t, "llama_layers: decode rows and prompt chunks must cover every row");
-    TORCH_CHECK(s.starts.numel() == 0 || s.k.prefill != nullptr, "llama_layers: no prefill kernel");
     TORCH_CHECK(s.cos.scalar_type() == at::kFloat && s.cos.size(0) == t && s.cos.stride(-1) == 1,
                 "llama_layers: rotary");
     TORCH_CHECK(timings.numel() == 0 || (timings.numel() == 2 * NUM_KINDS && timings.scalar_type() == at::kDouble &&
@@ -244,7 +284,7 @@ struct LlamaLayers : torch::CustomClassHolder {
         double* seconds = timings.numel() ? timings.data_ptr<double>() : nullptr;
         const int64_t t = h.size(0);
         at::Tensor attn_out = at::empty({t, d.n_q * d.hd}, h.options()), act = at::empty({t, d.out[2] / 2}, h.options());
-        Step s{k, d, Timer{seconds}, at::get_num_threads(), max_seq, (float)eps, (float)scale, cos, sin, slots,
+        Step s{k, d, Timer{seconds}, at::get_num_threads(), max_seq, (float)eps, (float)scale, scale, cos, sin, slots,
                rows, tables, seq_lens, starts, lens, context_lens, chunk_tables, attn_out, act};
         check_step(s, h, timings);
         at::Tensor residual;

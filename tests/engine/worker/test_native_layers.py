@@ -2,9 +2,10 @@
 
 Every step the C++ layers run is also run by the Python forward on the same inputs (both write
 the same K/V to the same slots), and the hidden states must be equal: decode, prompt and mixed
-steps. Steps whose attention is not all C kernels stay with Python. The tiny model's widths lose
-to PyTorch in fused_choice's and prefill_choice's timing on some hosts, so the fused ops and prompt
-attention are forced to their C kernels here, for both paths alike.
+steps, prompt chunks by the C prefill kernel or by PyTorch's SDPA called from C++. Steps with PyTorch
+decode groups stay with Python. The tiny model's widths lose to PyTorch in fused_choice's and
+prefill_choice's timing on some hosts, so the fused ops and prompt attention are forced to their C
+kernels here (but where a test says otherwise), for both paths alike.
 """
 
 from __future__ import annotations
@@ -75,16 +76,18 @@ def generate(llm: LLM, prompts: list[list[int]], max_tokens: int = 8) -> list[li
     return [r.outputs[0].token_ids for r in llm.generate(prompts, params, detokenize=False)]  # type: ignore[arg-type]
 
 
-def step_kinds(native: NativeLayers) -> list[tuple[bool, bool, bool]]:
-    """Spies on the C++ layers: (has decode rows, has prompt chunks, ran natively) for every step."""
-    seen: list[tuple[bool, bool, bool]] = []
+def step_kinds(native: NativeLayers) -> list[tuple[bool, bool, bool, bool]]:
+    """Spies on the C++ layers: (has decode rows, has prompt chunks, continues a cached prompt, ran natively)
+    for every step."""
+    seen: list[tuple[bool, bool, bool, bool]] = []
     inner = native.forward
 
     def spy(inputs: StepInputs) -> torch.Tensor | None:
         out = inner(inputs)
         plan = inputs.meta.plan
         assert plan is not None
-        seen.append((plan.native_decode is not None, bool(plan.chunks), out is not None))
+        continued = any(c.context_len for c in plan.chunks)
+        seen.append((plan.native_decode is not None, bool(plan.chunks), continued, out is not None))
         return out
 
     native.forward = spy  # type: ignore[method-assign]
@@ -106,23 +109,30 @@ def test_every_step_equals_the_python_layers(model_dir: Path, dtype: str, produc
     prompts = random_prompts([5, 17, 9, 30, 3, 50, 40], 512, seed=1)  # 154 prompt tokens: chunked, beside decodes
     tokens = generate(llm, prompts)
     assert rows and all(ran for *_, ran in seen)
-    assert any(decodes and chunks for decodes, chunks, _ in seen)  # mixed steps ran natively too
+    assert any(decodes and chunks for decodes, chunks, *_ in seen)  # mixed steps ran natively too
     eager = make(model_dir, dtype, eager=True)
     assert eager.core.runner.fast_forward is None
     assert generate(eager, prompts) == tokens
 
 
-def test_without_the_prefill_kernel_only_decode_steps_run_natively(model_dir: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cpu_prefill, "load", lambda: None)
-    llm = make(model_dir, "float32")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("why", ["pytorch faster", "no prefill kernel"])
+def test_prompts_left_to_pytorch_attention_run_in_cpp_too(model_dir: Path, dtype: str, why: str,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where PyTorch's SDPA beat the C prefill kernel (an AMX host) or the kernel is not built, prompt and mixed
+    steps still skip the Python layers: C++ calls the SDPA the Python path would, to the same bits."""
+    if why == "pytorch faster":
+        monkeypatch.setattr(prefill_choice, "native_prompts_win", lambda *args: False)
+    else:
+        monkeypatch.setattr(cpu_prefill, "load", lambda: None)
+    llm = make(model_dir, dtype)
     native = llm.core.runner.fast_forward
-    assert isinstance(native, NativeLayers) and not native.prompts
-    compared_with_python(llm)
+    assert isinstance(native, NativeLayers) and not native.prompts_in_c
+    rows = compared_with_python(llm)
     seen = step_kinds(native)
-    generate(llm, random_prompts([40, 6, 50], 512), max_tokens=4)  # the third prompt's chunks share steps with decodes
-    assert all(ran == (not prompt) for _, prompt, ran in seen)
-    assert any(ran for *_, ran in seen) and any(prompt for _, prompt, _ in seen)
+    generate(llm, random_prompts([40, 6, 50, 9], 512), max_tokens=4)  # chunks continue prompts, share steps with decodes
+    assert rows and all(ran for *_, ran in seen)
+    assert any(decodes and chunks for decodes, chunks, *_ in seen) and any(continued for _, _, continued, _ in seen)
 
 
 def test_timings_count_every_kernel_call(model_dir: Path) -> None:
