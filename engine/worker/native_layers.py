@@ -92,7 +92,7 @@ class NativeLayers:
         return cls(model, kv_layers, kernels, isa, dot_products)
 
     def forward(self, inputs: StepInputs) -> torch.Tensor | None:
-        """The body's hidden states (T, H) float32, or None when this step's attention is not all C kernels."""
+        """The body's hidden states (T, H) float32, or None when this step's decodes were planned for PyTorch."""
         plan, rows = inputs.meta.plan, inputs.input_ids.shape[0]
         if plan is None or rows == 0 or plan.decode_groups:
             return None
