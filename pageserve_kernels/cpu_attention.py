@@ -112,8 +112,8 @@ def attend(
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=g.mask, scale=scale, enable_gqa=True)
         out[g.rows] = o.view(g.num_requests, n_q, hd)
     chunks = plan.chunks
-    if plan.native_prefill is not None and cpu_prefill.supports(query.dtype, hd):
-        npf = plan.native_prefill
+    npf = plan.native_prefill
+    if npf is not None and plan.prompts_in_c and cpu_prefill.supports(query.dtype, hd):
         kernel = cpu_prefill.load()
         assert kernel is not None, "planned for the native prefill kernel, which is not available"
         kernel(out, query, key_cache, value_cache, npf.starts, npf.lens, npf.context_lens, npf.block_tables, scale)
@@ -187,4 +187,5 @@ def _shift_rows(plan: AttentionPlan, starts: list[int], query_lens: list[int]) -
         starts_t = torch.tensor([where[r] for r in prefill.starts.tolist()], dtype=torch.int64,
                                 device=prefill.starts.device)
         prefill = NativePrefillPlan(starts_t, prefill.lens, prefill.context_lens, prefill.block_tables)
-    return AttentionPlan(plan.slot_mapping, tuple(groups), tuple(chunks), plan.block_size, native, prefill)
+    return AttentionPlan(plan.slot_mapping, tuple(groups), tuple(chunks), plan.block_size, native, prefill,
+                         plan.prompts_in_c)

@@ -87,7 +87,9 @@ class AttentionPlan:
     block_size: int
     native_decode: NativeDecodePlan | None = None
     native_prefill: NativePrefillPlan | None = None
-    """The chunks again, for the C kernel; attend() uses it where the kernel supports the dtype."""
+    """The chunks again, laid out for the C prefill kernel and the C++ layer loop (engine/worker/native_layers.py)."""
+    prompts_in_c: bool = False
+    """The C prefill kernel attends the chunks (where it supports the dtype); else PyTorch's SDPA."""
 
 
 def native_decode_available(dtype: torch.dtype, device: torch.device | str = "cpu") -> bool:
@@ -118,13 +120,13 @@ def plan_attention(
     block_size: int,
     device: torch.device | str = "cpu",
     native: bool = False,
-    native_prompts: bool | None = None,
+    native_prompts: bool = True,
 ) -> AttentionPlan:
     """Plan one step. Requests are in flat-batch order; seq_lens count the cache after the write.
 
-    `native` hands the decodes to the C kernel (check `native_decode_available` first), and the
-    prompt chunks to the C prefill kernel where that one is built, unless `native_prompts` is False
-    (PyTorch's attention measured faster here: pageserve_kernels/prefill_choice.py); None follows `native`.
+    `native` hands the decodes to the C kernel (check `native_decode_available` first), lays the prompt
+    chunks out for the C kernels, and hands them to the C prefill kernel where that one is built, unless
+    `native_prompts` is False (PyTorch's attention measured faster here: pageserve_kernels/prefill_choice.py).
     """
     starts = [0]
     for q in query_lens:
@@ -147,14 +149,16 @@ def plan_attention(
         if q > 1
     ]
     prefill_plan = None
-    if (native if native_prompts is None else native_prompts) and chunks and cpu_prefill.load() is not None:
+    if native and chunks:
         prompt = [i for i, q in enumerate(query_lens) if q > 1]
         prefill_plan = _native_prefill([starts[i] for i in prompt], [query_lens[i] for i in prompt],
                                        [seq_lens[i] for i in prompt], [block_tables[i] for i in prompt],
                                        block_size, device)
     slots = compute_slot_mapping(query_lens, seq_lens, block_tables, block_size)
     slot_mapping = torch.tensor(slots, dtype=torch.int64, device=device)
-    return AttentionPlan(slot_mapping, tuple(groups), tuple(chunks), block_size, native_plan, prefill_plan)
+    prompts_in_c = native and native_prompts and cpu_prefill.load() is not None
+    return AttentionPlan(slot_mapping, tuple(groups), tuple(chunks), block_size, native_plan, prefill_plan,
+                         prompts_in_c)
 
 
 def _native_decode(

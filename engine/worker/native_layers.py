@@ -39,7 +39,6 @@ from pageserve_kernels import (
     fused_choice,
     torch_ops,
 )
-from pageserve_kernels.cpu_attention import ChunkPlan, NativePrefillPlan
 from pageserve_kernels.cpu_decode import VARIANTS
 
 log = logging.getLogger("pageserve.engine")
@@ -76,12 +75,10 @@ class NativeLayers:
             raise ValueError(f"PAGESERVE_KERNEL_CHOICE=llama_layers={forced}: the choices are cpp and python")
         if forced == "python" or not _plain_cpu_llama(model, attention):
             return None
-        kernels = _kernel_addresses(model)
+        assert isinstance(attention, TorchPagedAttention)  # _plain_cpu_llama checked
+        kernels = _kernel_addresses(model, attention.native_prompts)
         if kernels is None or not torch_ops.load("llama_layers"):
             return None
-        assert isinstance(attention, TorchPagedAttention)  # _plain_cpu_llama checked
-        if not attention.native_prompts:  # PyTorch's attention won here (pageserve_kernels/prefill_choice.py)
-            kernels[7] = 0  # the C++ loop calls it for prompt chunks
         s, block_size = model.shape, kv_layers[0][0].shape[1]
         decode, prefill = cpu_decode.load(), cpu_prefill.load()
         assert decode is not None  # the attention op planned for it
@@ -96,7 +93,7 @@ class NativeLayers:
         plan, rows = inputs.meta.plan, inputs.input_ids.shape[0]
         if plan is None or rows == 0 or plan.decode_groups:
             return None
-        nd, npf = plan.native_decode, plan.native_prefill or _prompt_tables(plan.chunks)
+        nd, npf = plan.native_decode, plan.native_prefill
         h = self.model.embed_tokens(inputs.input_ids)  # (T, H)
         cos, sin_signed = self.model.rotary.lookup(inputs.positions)  # (T, 1, hd) each
         decode = (nd.rows, nd.block_tables, nd.seq_lens, nd.max_seq_len) if nd else (_NONE, _NO_TABLE, _NONE, 0)
@@ -142,16 +139,6 @@ class NativeLayers:
         return torch.classes.pageserve.LlamaLayers(tensors, self.kernels, dims, self.eps, self.scale)
 
 
-def _prompt_tables(chunks: tuple[ChunkPlan, ...]) -> NativePrefillPlan | None:
-    """The chunks as the C++ loop takes them, where the plan left them to PyTorch's attention."""
-    if not chunks:
-        return None
-    return NativePrefillPlan(
-        torch.tensor([c.start for c in chunks], dtype=torch.int64), torch.tensor([c.end - c.start for c in chunks]),
-        torch.tensor([c.context_len for c in chunks]),
-        torch.nn.utils.rnn.pad_sequence([c.block_index for c in chunks], batch_first=True))
-
-
 def _product_weight(weight: torch.Tensor, plan: object, impl: str) -> torch.Tensor:
     assert isinstance(plan, LinearPlan)
     if impl == "onednn":
@@ -177,8 +164,9 @@ def _plain_cpu_llama(model: LlamaModel, attention: PagedAttentionOp) -> bool:
     return True
 
 
-def _kernel_addresses(model: LlamaModel) -> list[int] | None:
-    """llama_layers.cpp's `Kernels`, or None where some op of the layer would not run its C kernel here."""
+def _kernel_addresses(model: LlamaModel, prompts_in_c: bool) -> list[int] | None:
+    """llama_layers.cpp's `Kernels`, or None where some op of the layer would not run its C kernel here; no
+    prefill kernel where PyTorch's attention won (pageserve_kernels/prefill_choice.py): the loop calls it."""
     s, dtype = model.shape, model.dtype
     fused = cpu_fused.load() if dtype == torch.float32 else cpu_fused_bf16.load()
     store, decode, gemm, prefill = cpu_fused.load(), cpu_decode.load(), cpu_gemm.load(dtype), cpu_prefill.load()
@@ -190,6 +178,6 @@ def _kernel_addresses(model: LlamaModel) -> list[int] | None:
         return None
     addresses = [fused.address(op) for op in ("rms_norm", "add_rms_norm", "rotary", "silu_and_mul")]
     addresses += [store.address("store_kv"), decode.address(dtype), 0 if gemm is None else gemm.address()]
-    prompts = prefill is not None and cpu_prefill.supports(dtype, s.head_dim)
+    prompts = prompts_in_c and prefill is not None and cpu_prefill.supports(dtype, s.head_dim)
     addresses.append(prefill.address(dtype) if prompts else 0)  # type: ignore[union-attr]
     return None if 0 in addresses[:6] else addresses

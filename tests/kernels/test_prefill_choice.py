@@ -79,6 +79,7 @@ def test_no_c_kernel_no_choice(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_a_plan_without_native_prompts_leaves_chunks_to_pytorch() -> None:
     plan = prefill_choice.plan_attention([1, 6], [9, 6], [[0, 1, 2], [3, 4]], 4, native=True, native_prompts=False)
-    assert plan.native_decode is not None and plan.native_prefill is None and len(plan.chunks) == 1
+    assert plan.native_decode is not None and not plan.prompts_in_c and len(plan.chunks) == 1
+    assert plan.native_prefill is not None  # laid out all the same: the C++ layer loop calls PyTorch's attention
     default = prefill_choice.plan_attention([1, 6], [9, 6], [[0, 1, 2], [3, 4]], 4, native=True)
-    assert default.native_prefill is not None
+    assert default.prompts_in_c

@@ -66,11 +66,11 @@ class PagedAttentionOp(Protocol):
 class TorchPagedAttention:
     """pageserve_kernels/cpu_attention.py: the step's plan is reused by every layer."""
 
-    def __init__(self, native_decode: bool = False, native_prompts: bool | None = None) -> None:
+    def __init__(self, native_decode: bool = False, native_prompts: bool = True) -> None:
         self.native_decode = native_decode  # decodes planned for the C kernel (it loaded for this dtype)
-        self.native_prompts = native_decode if native_prompts is None else native_prompts
-        """Prompt chunks planned for the C prefill kernel (where it is built), not PyTorch's attention:
-        the faster here for the model's shape (pageserve_kernels/prefill_choice.py)."""
+        self.native_prompts = native_prompts
+        """With native_decode, prompt chunks planned for the C prefill kernel (where it is built), not
+        PyTorch's attention: the faster here for the model's shape (pageserve_kernels/prefill_choice.py)."""
 
     def plan(self, query_lens, seq_lens, tables, block_size, device):  # type: ignore[no-untyped-def]
         return cpu_attention.plan_attention(query_lens, seq_lens, tables, block_size, device, self.native_decode,
