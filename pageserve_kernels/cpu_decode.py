@@ -17,10 +17,11 @@ variants (`VARIANTS`), each compiled in where the host has its instructions:
   scalar       plain C: the specification the others are tested against
   avx2         eight tokens at a time (eight FMA chains, one horizontal-sum shuffle for all
                eight), 64 output columns in registers across a block, vectorised exp
-  avx512       sixteen tokens at a time and one reduction tree for their sixteen scores;
-               bfloat16 K widened by a shift and an and, each V row widened once for
-               the whole GQA group (head sizes that are multiples of 32)
+  avx512       sixteen tokens at a time (sixteen FMA chains) and one reduction tree for
+               their sixteen scores; bfloat16 K widened by a shift and an and, each V row
+               widened once for the whole GQA group (head sizes that are multiples of 32)
   avx512_bf16  as avx512, the bfloat16 scores by AVX512-BF16's dot-product instruction
+The K pass's prefetches run on into the V pass's first blocks.
 The variant is chosen once per dtype and shape by timing the ones that apply
 (pageserve_kernels/choice.py: cached per host; PAGESERVE_KERNEL_CHOICE=decode_attention=avx2
 forces one).

@@ -179,25 +179,91 @@ INLINE void prepare_query(const void* q, int64_t off, int64_t rows, int64_t hd, 
         }
 }
 
+/* Where one task's K/V lives: what both passes over its blocks share. */
+typedef struct {
+    const int64_t* table;        /* the request's block table */
+    int64_t S, h0, nh;           /* its length; the KV heads h0 .. h0 + nh - 1 of this task */
+    int64_t grp, n_kv, hd, bs;   /* query heads per KV head, KV heads, head size, block size */
+    int bf16;
+} Task;
+
+/* The element offset of head h0 of the block holding token s0, in either pool. */
+INLINE int64_t block_base(const Task* t, int64_t s0) {
+    return (t->table[s0 / t->bs] * t->bs * t->n_kv + t->h0) * t->hd;
+}
+
 /* Blocks sit anywhere in the pool, so the hardware prefetcher cannot see the next one coming:
-   ask for the block after next while this one is computed, into L2 (prefetcht1), in `parts`
-   slices, one before each of this block's heads. Into L2 because of Little's law: a core tracks
-   only ~16-24 outstanding L1 misses but ~48-64 at L2, and a whole block's lines (96 in bfloat16,
-   192 in float32) asked into L1 at once queue behind those few slots: on an AMD EPYC with
-   AVX512-BF16 (2 vCPUs, `python -m ops.bench.kernels.cpu_decode`, 577 MB of K/V a step) the
+   ask for the block after next while this one is computed, into L2 (prefetcht1), in `nh`
+   slices, one before each of this block's heads (`part`). Into L2 because of Little's law: a core
+   tracks only ~16-24 outstanding L1 misses but ~48-64 at L2, and a whole block's lines (96 in
+   bfloat16, 192 in float32) asked into L1 at once queue behind those few slots: on an AMD EPYC
+   with AVX512-BF16 (2 vCPUs, `python -m ops.bench.kernels.cpu_decode`, 577 MB of K/V a step) the
    next block into L1 streamed 8.5-10 GB/s in bfloat16 (~66 ms a step) and 11 GB/s in float32
    (~102 ms); the block after next into L2, 15-17 GB/s in both (33-39 and 68 ms). Sliced, so the
-   requests never pile up at once (worth ~8% with L1 prefetches there). */
-INLINE void prefetch_next(const void* cache, const int64_t* table, int64_t s0, int64_t S, int64_t bs,
-                          int64_t n_kv, int64_t h0, int64_t nh, int64_t hd, int bf16, int64_t part, int64_t parts) {
-    const int64_t t0 = s0 + 2 * bs; /* the block after next */
-    if (t0 >= S) return;
-    const int64_t elem = bf16 ? 2 : 4;
-    const char* p = (const char*)at(cache, (table[t0 / bs] * bs * n_kv + h0) * hd, bf16);
-    const int64_t n = S - t0 < bs ? S - t0 : bs;
-    const int64_t lines = (((n - 1) * n_kv + nh) * hd * elem + 63) / 64;
-    const int64_t from = lines * part / parts, to = lines * (part + 1) / parts;
+   requests never pile up at once (worth ~8% with L1 prefetches there). Past the pass's last block
+   the prefetches run on into the first blocks of `then` (the V pool, during the K pass), so the
+   second pass does not start on two cold blocks. */
+INLINE void prefetch_next(const Task* t, const void* cache, const void* then, int64_t s0, int64_t part) {
+    int64_t t0 = s0 + 2 * t->bs; /* the block after next */
+    const int64_t span = (t->S + t->bs - 1) / t->bs * t->bs;
+    if (t0 >= span) {
+        if (!then) return;
+        cache = then, t0 -= span;
+    }
+    if (t0 >= t->S) return;
+    const int64_t elem = t->bf16 ? 2 : 4;
+    const char* p = (const char*)at(cache, block_base(t, t0), t->bf16);
+    const int64_t n = t->S - t0 < t->bs ? t->S - t0 : t->bs;
+    const int64_t lines = (((n - 1) * t->n_kv + t->nh) * t->hd * elem + 63) / 64;
+    const int64_t from = lines * part / t->nh, to = lines * (part + 1) / t->nh;
     for (int64_t l = from; l < to; l++) __builtin_prefetch(p + 64 * l, 0, 2);
+}
+
+/* Pass 1, over K: scores[r, 0:S] for each of the task's grp * nh query rows r (qf in
+   prepare_query's layout; with DOT_BF16_DP unscaled, so the scale comes after the sums). */
+INLINE void score_blocks(const Task* t, const float* qf, const void* kc, const void* vc, float* scores, float scale,
+                         int isa, int mode) {
+    const int64_t tok_stride = t->n_kv * t->hd, grp = t->grp, hd = t->hd, S = t->S;
+    const int vec = isa >= ISA_AVX2, wide = isa >= ISA_AVX512;
+    const int64_t q_elem = wide && mode == DOT_BF16_DP ? 2 : 4;
+    const float post = wide && mode == DOT_BF16_DP ? scale : 1.f;
+    (void)q_elem, (void)post; /* read by the AVX-512 loops only */
+    for (int64_t s0 = 0; s0 < S; s0 += t->bs) {
+        const int64_t n = S - s0 < t->bs ? S - s0 : t->bs, base = block_base(t, s0);
+        for (int64_t h = 0; h < t->nh; h++) {
+            prefetch_next(t, kc, vc, s0, h);
+#if HAVE_AVX512
+            if (wide) {
+                block_scores_512((const char*)qf + h * grp * hd * q_elem, q_elem, at(kc, base + h * hd, t->bf16),
+                                 tok_stride, n, grp, hd, scores + h * grp * S, S, s0, post, mode);
+                continue;
+            }
+#endif
+            block_scores(qf + h * grp * hd, at(kc, base + h * hd, t->bf16), tok_stride, n, grp, hd,
+                         scores + h * grp * S, S, s0, t->bf16, vec);
+        }
+    }
+}
+
+/* Pass 2, over V: acc[r] += sum_s p[r, s] V[s]. */
+INLINE void weigh_values(const Task* t, const void* vc, const float* scores, float* acc, int isa) {
+    const int64_t tok_stride = t->n_kv * t->hd, grp = t->grp, hd = t->hd, S = t->S;
+    const int vec = isa >= ISA_AVX2, wide = isa >= ISA_AVX512;
+    (void)wide; /* read by the AVX-512 loops only */
+    for (int64_t s0 = 0; s0 < S; s0 += t->bs) {
+        const int64_t n = S - s0 < t->bs ? S - s0 : t->bs, base = block_base(t, s0);
+        for (int64_t h = 0; h < t->nh; h++) {
+            const void* v = at(vc, base + h * hd, t->bf16);
+            prefetch_next(t, vc, NULL, s0, h);
+#if HAVE_AVX512
+            if (wide) {
+                block_values_512(acc + h * grp * hd, v, tok_stride, n, grp, hd, scores + h * grp * S, S, s0, t->bf16);
+                continue;
+            }
+#endif
+            block_values(acc + h * grp * hd, v, tok_stride, n, grp, hd, scores + h * grp * S, S, s0, t->bf16, vec);
+        }
+    }
 }
 
 /* One request, KV heads h0 .. h1-1 (all of them unless the batch is too small to keep every
@@ -207,52 +273,18 @@ INLINE void decode_request(const void* q, const void* kc, const void* vc, void* 
                            const int64_t* table, int64_t S, int64_t h0, int64_t h1, int64_t grp, int64_t n_kv,
                            int64_t hd, int64_t bs, float scale, int64_t q_stride, float* qf, float* acc,
                            float* scores, int bf16, int isa) {
-    const int64_t tok_stride = n_kv * hd, n_q = n_kv * grp, nh = h1 - h0;
-    const int64_t rows = grp * nh;
-    const int vec = isa >= ISA_AVX2, wide = isa >= ISA_AVX512;
+    const Task t = {table, S, h0, h1 - h0, grp, n_kv, hd, bs, bf16};
+    const int64_t rows = grp * t.nh;
     const int mode = !bf16 ? DOT_F32 : isa == ISA_AVX512_BF16 ? DOT_BF16_DP : DOT_BF16_SPLIT;
-    const int64_t q_elem = wide && mode == DOT_BF16_DP ? 2 : 4;
-    const float post = wide && mode == DOT_BF16_DP ? scale : 1.f;
-    (void)q_elem, (void)post; /* read by the AVX-512 loops only */
-    prepare_query(q, row * q_stride + h0 * grp * hd, rows, hd, scale, qf, bf16, wide, mode);
+    prepare_query(q, row * q_stride + h0 * grp * hd, rows, hd, scale, qf, bf16, isa >= ISA_AVX512, mode);
     for (int64_t r = 0; r < rows * hd; r++) acc[r] = 0.f;
-    for (int64_t s0 = 0; s0 < S; s0 += bs) {
-        const int64_t n = S - s0 < bs ? S - s0 : bs;
-        const int64_t base = (table[s0 / bs] * bs * n_kv + h0) * hd;
-        for (int64_t h = 0; h < nh; h++) {
-            prefetch_next(kc, table, s0, S, bs, n_kv, h0, nh, hd, bf16, h, nh);
-#if HAVE_AVX512
-            if (wide) {
-                block_scores_512((const char*)qf + h * grp * hd * q_elem, q_elem, at(kc, base + h * hd, bf16),
-                                 tok_stride, n, grp, hd, scores + h * grp * S, S, s0, post, mode);
-                continue;
-            }
-#endif
-            block_scores(qf + h * grp * hd, at(kc, base + h * hd, bf16), tok_stride, n, grp, hd,
-                         scores + h * grp * S, S, s0, bf16, vec);
-        }
-    }
+    score_blocks(&t, qf, kc, vc, scores, scale, isa, mode);
     float inv_sum[rows];
-    for (int64_t r = 0; r < rows; r++) inv_sum[r] = softmax_row(scores + r * S, S, vec);
-    for (int64_t s0 = 0; s0 < S; s0 += bs) {
-        const int64_t n = S - s0 < bs ? S - s0 : bs;
-        const int64_t base = (table[s0 / bs] * bs * n_kv + h0) * hd;
-        for (int64_t h = 0; h < nh; h++) {
-            prefetch_next(vc, table, s0, S, bs, n_kv, h0, nh, hd, bf16, h, nh);
-#if HAVE_AVX512
-            if (wide) {
-                block_values_512(acc + h * grp * hd, at(vc, base + h * hd, bf16), tok_stride, n, grp, hd,
-                                 scores + h * grp * S, S, s0, bf16);
-                continue;
-            }
-#endif
-            block_values(acc + h * grp * hd, at(vc, base + h * hd, bf16), tok_stride, n, grp, hd,
-                         scores + h * grp * S, S, s0, bf16, vec);
-        }
-    }
+    for (int64_t r = 0; r < rows; r++) inv_sum[r] = softmax_row(scores + r * S, S, isa >= ISA_AVX2);
+    weigh_values(&t, vc, scores, acc, isa);
     for (int64_t r = 0; r < rows; r++)
         for (int64_t d = 0; d < hd; d++)
-            store1(out, (row * n_q + h0 * grp + r) * hd + d, acc[r * hd + d] * inv_sum[r], bf16);
+            store1(out, (row * t.n_kv * grp + h0 * grp + r) * hd + d, acc[r * hd + d] * inv_sum[r], bf16);
 }
 
 INLINE void decode_all(const void* q, const void* kc, const void* vc, void* out, const int64_t* rows,
