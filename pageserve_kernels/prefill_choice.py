@@ -15,7 +15,7 @@ the model's dtype and head shape, cached per host, and the faster is planned for
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -40,11 +40,12 @@ def native_prompts_win(dtype: torch.dtype, num_heads: int, num_kv_heads: int, he
     return made.pick == "c"
 
 
-def timers(dtype: torch.dtype, num_heads: int, num_kv_heads: int, head_dim: int,
-           block_size: int) -> dict[str, Callable[[], torch.Tensor]]:
-    """Each implementation attending one TIMING_CHUNKS step over a cache that already holds its K/V."""
-    query_lens = [new for new, _ in TIMING_CHUNKS]
-    seq_lens = [new + cached for new, cached in TIMING_CHUNKS]
+def timers(dtype: torch.dtype, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int,
+           chunks: Sequence[tuple[int, int]] = TIMING_CHUNKS) -> dict[str, Callable[[], torch.Tensor]]:
+    """Each implementation attending one step of `chunks` (new tokens, tokens cached before) over a
+    cache that already holds its K/V."""
+    query_lens = [new for new, _ in chunks]
+    seq_lens = [new + cached for new, cached in chunks]
     tables, next_block = [], 0
     for seq_len in seq_lens:
         blocks = -(-seq_len // block_size)
