@@ -10,9 +10,10 @@ place through the block table, 16 keys at a time:
       rows = the tile's tokens x the head's grp query heads, scaled by `scale`
       for each block holding keys the tile may see (position <= the query's):
         S = rows . K_block^T            6x16 FMA tiles over a transposed copy of the block
-        causal mask, online softmax     running max and sum per row, rescaled on a new max
-                                        (a block's 16 scores as one AVX-512 vector where the build has it)
-        O += P . V_block                6x16 FMA tiles, V read in place
+        causal mask, online softmax     running max and sums per row, moved only when a block's
+                                        scores rise more than 8 above the max (one vector compare
+                                        a block otherwise; a block's 16 scores are one AVX-512 vector)
+        O += P . V_block                6x64 AVX-512 tiles (6x16 with AVX2) over a widened copy of V
       out = O / sum
 
 Query token t of a chunk sits at position context_len + t and sees keys 0 ..

@@ -53,36 +53,115 @@ static void product(int64_t rows, const float *a, int64_t lda, const float *b, i
 
 /* The first n of sixteen lanes (all of them from 16 on). */
 INLINE __mmask16 first_lanes(int64_t n) { return (__mmask16)(n >= 16 ? 0xFFFFu : (1u << n) - 1u); }
+
+/* o[r, d0 : d0 + 16 W] += p[r, 0:n] . vs[0:n, d0 : d0 + 16 W], r < MR; p rows 16 apart, o and vs rows hd
+   apart. MR x W accumulators (6 x 4 = 24 of the 32 registers): each V row loaded once feeds MR rows, and
+   each broadcast probability W vectors, against the AVX2 tile's 6 x 2 of eight lanes. On an AMD EPYC
+   Zen 4, whose 512-bit FMAs issue as two 256-bit halves, it only matches the AVX2 tile (P . V runs at
+   ~200 GFLOP/s on 2 cores either way, the FMA units' peak there); cores with two 512-bit FMA ports
+   (Intel Xeon) do twice the AVX2 tile's multiply-adds a cycle. */
+static inline __attribute__((always_inline)) void values_tile(const int MR, const int W, const float *restrict p,
+                                                              const float *restrict vs, int64_t n, float *restrict o,
+                                                              int64_t hd, int64_t d0) {
+    __m512 c[6][4];
+#pragma GCC unroll 6
+    for (int r = 0; r < MR; r++)
+#pragma GCC unroll 4
+        for (int w = 0; w < W; w++) c[r][w] = _mm512_loadu_ps(o + r * hd + d0 + 16 * w);
+    for (int64_t k = 0; k < n; k++) {
+        __m512 b[4];
+#pragma GCC unroll 4
+        for (int w = 0; w < W; w++) b[w] = _mm512_loadu_ps(vs + k * hd + d0 + 16 * w);
+#pragma GCC unroll 6
+        for (int r = 0; r < MR; r++) {
+            const __m512 x = _mm512_set1_ps(p[r * 16 + k]);
+#pragma GCC unroll 4
+            for (int w = 0; w < W; w++) c[r][w] = _mm512_fmadd_ps(x, b[w], c[r][w]);
+        }
+    }
+#pragma GCC unroll 6
+    for (int r = 0; r < MR; r++)
+#pragma GCC unroll 4
+        for (int w = 0; w < W; w++) _mm512_storeu_ps(o + r * hd + d0 + 16 * w, c[r][w]);
+}
+
+/* Columns d0 .. d0 + 16 W of every row, six rows a tile (constant tile shapes keep c in registers). */
+static inline __attribute__((always_inline)) void values_columns(const int W, int64_t rows, const float *p,
+                                                                 const float *vs, int64_t n, float *o, int64_t hd,
+                                                                 int64_t d0) {
+    for (int64_t r = 0; r < rows; r += 6, p += 6 * 16, o += 6 * hd) {
+        switch (rows - r < 6 ? rows - r : 6) {
+        case 6: values_tile(6, W, p, vs, n, o, hd, d0); break;
+        case 5: values_tile(5, W, p, vs, n, o, hd, d0); break;
+        case 4: values_tile(4, W, p, vs, n, o, hd, d0); break;
+        case 3: values_tile(3, W, p, vs, n, o, hd, d0); break;
+        case 2: values_tile(2, W, p, vs, n, o, hd, d0); break;
+        default: values_tile(1, W, p, vs, n, o, hd, d0); break;
+        }
+    }
+}
 #endif
 
-/* One row's block of 16 scores sr (keys past `seen` masked) into the online softmax: on a new maximum the
-   row's output o and sum are rescaled; sr becomes exp(score - max), zero where masked. */
-INLINE void online_softmax(float *restrict sr, int64_t seen, float *restrict mx, float *restrict sum,
+/* o[r] += p[r, 0:n] . vs[0:n] for r < rows (P . V of one block of keys; p rows 16 apart, hd a multiple of 16). */
+static void weigh_values(int64_t rows, const float *p, const float *vs, int64_t n, float *o, int64_t hd) {
+#if defined(__AVX512F__)
+    int64_t d0 = 0;
+    for (; d0 + 64 <= hd; d0 += 64) values_columns(4, rows, p, vs, n, o, hd, d0);
+    switch ((hd - d0) / 16) {
+    case 3: values_columns(3, rows, p, vs, n, o, hd, d0); break;
+    case 2: values_columns(2, rows, p, vs, n, o, hd, d0); break;
+    case 1: values_columns(1, rows, p, vs, n, o, hd, d0); break;
+    default: break;
+    }
+#else
+    for (int64_t c0 = 0; c0 < hd; c0 += 16) product(rows, p, 16, vs + c0, hd, n, o + c0, hd, 1);
+#endif
+}
+
+/* How far a block's scores may rise above the row's running maximum before it is moved: exp(score -
+   maximum) then stays below e^8 (~3,000), harmless in float32, and a block that does not exceed it
+   (after the first, nearly all of them) costs one vector compare instead of a horizontal maximum and
+   a rescale of the row's output (FlashAttention-4's conditional rescaling). The result is the same
+   softmax: every exp and the sum share the one maximum they were taken against. */
+#define RESCALE_ABOVE 8.0f
+
+/* A new running maximum bm for one row: its output o and partial sums rescaled to it. */
+INLINE void move_maximum(float bm, float *restrict mx, float *restrict sums, float *restrict o, int64_t hd) {
+    const float alpha = expf(*mx - bm); /* 0 on the first block */
+    for (int64_t d = 0; d < hd; d++) o[d] *= alpha;
+    for (int j = 0; j < 16; j++) sums[j] *= alpha;
+    *mx = bm;
+}
+
+/* One row's block of 16 scores sr (keys past `seen` masked) into the online softmax: sr becomes
+   exp(score - max), zero where masked, and is added lane by lane to the row's 16 partial sums. */
+INLINE void online_softmax(float *restrict sr, int64_t seen, float *restrict mx, float *restrict sums,
                            float *restrict o, int64_t hd) {
 #if defined(__AVX512F__)
     const __mmask16 valid = first_lanes(seen);
     const __m512 v = _mm512_loadu_ps(sr);
-    const float bm = _mm512_mask_reduce_max_ps(valid, v);
-#else
-    float bm = sr[0];
-    for (int64_t j = 1; j < seen; j++) bm = sr[j] > bm ? sr[j] : bm;
-#endif
-    if (bm > *mx) {
-        const float alpha = expf(*mx - bm); /* 0 on the first block */
-        for (int64_t d = 0; d < hd; d++) o[d] *= alpha;
-        *sum *= alpha;
-        *mx = bm;
-    }
-#if defined(__AVX512F__)
+    if (_mm512_mask_cmp_ps_mask(valid, v, _mm512_set1_ps(*mx + RESCALE_ABOVE), _CMP_GT_OQ))
+        move_maximum(_mm512_mask_reduce_max_ps(valid, v), mx, sums, o, hd);
     const __m512 e = _mm512_maskz_mov_ps(valid, exp16(_mm512_sub_ps(v, _mm512_set1_ps(*mx))));
     _mm512_storeu_ps(sr, e);
-    *sum += _mm512_reduce_add_ps(e);
+    _mm512_storeu_ps(sums, _mm512_add_ps(_mm512_loadu_ps(sums), e));
 #else
+    const __m256 n = _mm256_set1_ps((float)seen), lanes = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256 valid[2] = {_mm256_cmp_ps(lanes, n, _CMP_LT_OQ),
+                             _mm256_cmp_ps(_mm256_add_ps(lanes, _mm256_set1_ps(8.f)), n, _CMP_LT_OQ)};
+    const __m256 v[2] = {_mm256_loadu_ps(sr), _mm256_loadu_ps(sr + 8)}, above = _mm256_set1_ps(*mx + RESCALE_ABOVE);
+    if (_mm256_movemask_ps(_mm256_and_ps(valid[0], _mm256_cmp_ps(v[0], above, _CMP_GT_OQ))) |
+        _mm256_movemask_ps(_mm256_and_ps(valid[1], _mm256_cmp_ps(v[1], above, _CMP_GT_OQ)))) {
+        float bm = sr[0];
+        for (int64_t j = 1; j < seen; j++) bm = sr[j] > bm ? sr[j] : bm;
+        move_maximum(bm, mx, sums, o, hd);
+    }
     const __m256 m = _mm256_set1_ps(*mx);
-    _mm256_storeu_ps(sr, exp8(_mm256_sub_ps(_mm256_loadu_ps(sr), m)));
-    _mm256_storeu_ps(sr + 8, exp8(_mm256_sub_ps(_mm256_loadu_ps(sr + 8), m)));
-    for (int64_t j = seen; j < 16; j++) sr[j] = 0.f; /* masked and missing keys */
-    for (int64_t j = 0; j < seen; j++) *sum += sr[j];
+    for (int h = 0; h < 2; h++) { /* masked and missing keys become 0 */
+        const __m256 e = _mm256_and_ps(valid[h], exp8(_mm256_sub_ps(v[h], m)));
+        _mm256_storeu_ps(sr + 8 * h, e);
+        _mm256_storeu_ps(sums + 8 * h, _mm256_add_ps(_mm256_loadu_ps(sums + 8 * h), e));
+    }
 #endif
 }
 
@@ -191,11 +270,11 @@ INLINE void gather_block(const void *kc, const void *vc, const int64_t *slots, i
 }
 
 /* One task: query tokens t0 .. t1-1 of a chunk, KV head h. Scratch: qs, o (rows x hd), s (rows x 16),
-   kt (hd x 16), vs (16 x hd), mx, sum (rows). */
+   kt (hd x 16), vs (16 x hd), mx (rows), sums (rows x 16: partial sums lane by lane). */
 INLINE void attend_tile(const void *q, int64_t q_stride, const void *kc, const void *vc, void *out,
                         int64_t start, int64_t context_len, const int64_t *table, int64_t t0, int64_t t1,
                         int64_t h, int64_t grp, int64_t n_kv, int64_t hd, int64_t bs, float scale,
-                        float *qs, float *o, float *s, float *kt, float *vs, float *mx, float *sum, int bf16,
+                        float *qs, float *o, float *s, float *kt, float *vs, float *mx, float *sums, int bf16,
                         int dp) {
     const int64_t n_q = n_kv * grp, rows = (t1 - t0) * grp, pairs = hd / 2;
     /* bfloat16 with AVX512-BF16: Q . K^T from the tensors' own bfloat16 pairs (qs and kt then hold
@@ -209,7 +288,7 @@ INLINE void attend_tile(const void *q, int64_t q_stride, const void *kc, const v
             else for (int64_t d = 0; d < hd; d++) qs[r * hd + d] = load1(q, src + d, bf16) * scale;
             memset(o + r * hd, 0, hd * sizeof(float));
             mx[r] = -INFINITY;
-            sum[r] = 0.f;
+            memset(sums + 16 * r, 0, 16 * sizeof(float));
         }
     const int64_t last_key = context_len + t1 - 1; /* the tile's last query sees keys 0 .. last_key */
     for (int64_t s0 = 0; s0 <= last_key; s0 += 16) {
@@ -229,16 +308,17 @@ INLINE void attend_tile(const void *q, int64_t q_stride, const void *kc, const v
             const int64_t pos = context_len + t0 + r / grp; /* this row's query position */
             const int64_t seen = pos - s0 + 1 < n ? pos - s0 + 1 : n; /* keys s0 .. s0+seen-1 visible */
             if (seen <= 0) memset(sr, 0, 16 * sizeof(float));
-            else online_softmax(sr, seen, mx + r, sum + r, o + r * hd, hd);
+            else online_softmax(sr, seen, mx + r, sums + 16 * r, o + r * hd, hd);
         }
-        for (int64_t c0 = 0; c0 < hd; c0 += 16)
-            product(rows, s, 16, vs + c0, hd, n, o + c0, hd, 1);
+        weigh_values(rows, s, vs, n, o, hd);
     }
     for (int64_t t = t0; t < t1; t++)
         for (int64_t g = 0; g < grp; g++) {
             const int64_t r = (t - t0) * grp + g;
             const int64_t dst = ((start + t) * n_q + h * grp + g) * hd;
-            const float inv = 1.f / sum[r];
+            float sum = 0.f;
+            for (int j = 0; j < 16; j++) sum += sums[16 * r + j];
+            const float inv = 1.f / sum;
             for (int64_t d = 0; d < hd; d++) store1(out, dst + d, o[r * hd + d] * inv, bf16);
         }
 }
@@ -265,16 +345,16 @@ INLINE void prefill_attention(const void *q, int64_t q_stride, const void *kc, c
         float *s = (float *)aligned_alloc(64, sizeof(float) * rows_max * 16);
         float *kt = (float *)aligned_alloc(64, sizeof(float) * hd * 16);
         float *vs = (float *)aligned_alloc(64, sizeof(float) * hd * 16);
-        float *mx = (float *)malloc(sizeof(float) * rows_max), *sum = (float *)malloc(sizeof(float) * rows_max);
+        float *mx = (float *)malloc(sizeof(float) * rows_max), *sums = (float *)malloc(sizeof(float) * 16 * rows_max);
 #pragma omp for schedule(dynamic, 1)
         for (int64_t k = 0; k < n_tasks; k++) {
             const int64_t j = n_tasks - 1 - k; /* later tiles see more keys: start with them */
             const int64_t c = task[3 * j], t0 = task[3 * j + 1], h = task[3 * j + 2];
             const int64_t t1 = t0 + TILE_TOKENS < lens[c] ? t0 + TILE_TOKENS : lens[c];
             attend_tile(q, q_stride, kc, vc, out, starts[c], context_lens[c], tables + c * max_blocks, t0, t1, h,
-                        grp, n_kv, hd, bs, scale, qs, o, s, kt, vs, mx, sum, bf16, dp);
+                        grp, n_kv, hd, bs, scale, qs, o, s, kt, vs, mx, sums, bf16, dp);
         }
-        free(qs); free(o); free(s); free(kt); free(vs); free(mx); free(sum);
+        free(qs); free(o); free(s); free(kt); free(vs); free(mx); free(sums);
     }
     free(task);
 }
