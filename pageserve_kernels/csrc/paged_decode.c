@@ -201,14 +201,16 @@ INLINE int64_t block_base(const Task* t, int64_t s0) {
    next block into L1 streamed 8.5-10 GB/s in bfloat16 (~66 ms a step) and 11 GB/s in float32
    (~102 ms); the block after next into L2, 15-17 GB/s in both (33-39 and 68 ms). Sliced, so the
    requests never pile up at once (worth ~8% with L1 prefetches there). Past the pass's last block
-   the prefetches run on into the first blocks of `then` (the V pool, during the K pass), so the
-   second pass does not start on two cold blocks. */
-INLINE void prefetch_next(const Task* t, const void* cache, const void* then, int64_t s0, int64_t part) {
+   the prefetches run on into the first blocks of what comes next, `then` in `then_cache`: the
+   same task's V pool during the K pass, the next task's K pool during the V pass, so that no pass
+   starts on two cold blocks. */
+INLINE void prefetch_next(const Task* t, const void* cache, const Task* then, const void* then_cache, int64_t s0,
+                          int64_t part) {
     int64_t t0 = s0 + 2 * t->bs; /* the block after next */
     const int64_t span = (t->S + t->bs - 1) / t->bs * t->bs;
     if (t0 >= span) {
         if (!then) return;
-        cache = then, t0 -= span;
+        t = then, cache = then_cache, t0 -= span;
     }
     if (t0 >= t->S) return;
     const int64_t elem = t->bf16 ? 2 : 4;
@@ -231,7 +233,7 @@ INLINE void score_blocks(const Task* t, const float* qf, const void* kc, const v
     for (int64_t s0 = 0; s0 < S; s0 += t->bs) {
         const int64_t n = S - s0 < t->bs ? S - s0 : t->bs, base = block_base(t, s0);
         for (int64_t h = 0; h < t->nh; h++) {
-            prefetch_next(t, kc, vc, s0, h);
+            prefetch_next(t, kc, t, vc, s0, h);
 #if HAVE_AVX512
             if (wide) {
                 block_scores_512((const char*)qf + h * grp * hd * q_elem, q_elem, at(kc, base + h * hd, t->bf16),
@@ -246,7 +248,8 @@ INLINE void score_blocks(const Task* t, const float* qf, const void* kc, const v
 }
 
 /* Pass 2, over V: acc[r] += sum_s p[r, s] V[s]. */
-INLINE void weigh_values(const Task* t, const void* vc, const float* scores, float* acc, int isa) {
+INLINE void weigh_values(const Task* t, const void* vc, const float* scores, float* acc, int isa, const Task* next,
+                         const void* kc) {
     const int64_t tok_stride = t->n_kv * t->hd, grp = t->grp, hd = t->hd, S = t->S;
     const int vec = isa >= ISA_AVX2, wide = isa >= ISA_AVX512;
     (void)wide; /* read by the AVX-512 loops only */
@@ -254,7 +257,7 @@ INLINE void weigh_values(const Task* t, const void* vc, const float* scores, flo
         const int64_t n = S - s0 < t->bs ? S - s0 : t->bs, base = block_base(t, s0);
         for (int64_t h = 0; h < t->nh; h++) {
             const void* v = at(vc, base + h * hd, t->bf16);
-            prefetch_next(t, vc, NULL, s0, h);
+            prefetch_next(t, vc, next, kc, s0, h);
 #if HAVE_AVX512
             if (wide) {
                 block_values_512(acc + h * grp * hd, v, tok_stride, n, grp, hd, scores + h * grp * S, S, s0, t->bf16);
@@ -266,25 +269,31 @@ INLINE void weigh_values(const Task* t, const void* vc, const float* scores, flo
     }
 }
 
-/* One request, KV heads h0 .. h1-1 (all of them unless the batch is too small to keep every
-   thread busy): block by block, so each block's heads are read as one contiguous run.
-   qf, acc: (grp * (h1 - h0), hd) scratch; scores: (grp * (h1 - h0), S) scratch. */
-INLINE void decode_request(const void* q, const void* kc, const void* vc, void* out, int64_t row,
-                           const int64_t* table, int64_t S, int64_t h0, int64_t h1, int64_t grp, int64_t n_kv,
-                           int64_t hd, int64_t bs, float scale, int64_t q_stride, float* qf, float* acc,
-                           float* scores, int bf16, int isa) {
-    const Task t = {table, S, h0, h1 - h0, grp, n_kv, hd, bs, bf16};
-    const int64_t rows = grp * t.nh;
-    const int mode = !bf16 ? DOT_F32 : isa == ISA_AVX512_BF16 ? DOT_BF16_DP : DOT_BF16_SPLIT;
-    prepare_query(q, row * q_stride + h0 * grp * hd, rows, hd, scale, qf, bf16, isa >= ISA_AVX512, mode);
+/* One task t (a request's KV heads t->h0 ..: all of them unless the batch is too small to keep every
+   thread busy), block by block, so each block's heads are read as one contiguous run; `next` is the
+   task this thread takes after it (NULL: none), whose first K blocks the V pass's prefetches reach.
+   qf, acc: (grp * nh, hd) scratch; scores: (grp * nh, S) scratch. */
+INLINE void decode_task(const Task* t, const Task* next, const void* q, const void* kc, const void* vc, void* out,
+                        int64_t row, float scale, int64_t q_stride, float* qf, float* acc, float* scores, int isa) {
+    const int64_t grp = t->grp, hd = t->hd, S = t->S, rows = grp * t->nh;
+    const int bf16 = t->bf16, mode = !bf16 ? DOT_F32 : isa == ISA_AVX512_BF16 ? DOT_BF16_DP : DOT_BF16_SPLIT;
+    prepare_query(q, row * q_stride + t->h0 * grp * hd, rows, hd, scale, qf, bf16, isa >= ISA_AVX512, mode);
     for (int64_t r = 0; r < rows * hd; r++) acc[r] = 0.f;
-    score_blocks(&t, qf, kc, vc, scores, scale, isa, mode);
+    score_blocks(t, qf, kc, vc, scores, scale, isa, mode);
     float inv_sum[rows];
     for (int64_t r = 0; r < rows; r++) inv_sum[r] = softmax_row(scores + r * S, S, isa >= ISA_AVX2);
-    weigh_values(&t, vc, scores, acc, isa);
+    weigh_values(t, vc, scores, acc, isa, next, kc);
     for (int64_t r = 0; r < rows; r++)
         for (int64_t d = 0; d < hd; d++)
-            store1(out, (row * t.n_kv * grp + h0 * grp + r) * hd + d, acc[r * hd + d] * inv_sum[r], bf16);
+            store1(out, (row * t->n_kv * grp + t->h0 * grp + r) * hd + d, acc[r * hd + d] * inv_sum[r], bf16);
+}
+
+/* Task i: request i / n_split, per_task KV heads from (i % n_split) * per_task. */
+INLINE Task task_at(int64_t i, const int64_t* tables, int64_t max_blocks, const int64_t* seq_lens, int64_t n_split,
+                    int64_t per_task, int64_t grp, int64_t n_kv, int64_t hd, int64_t bs, int bf16) {
+    const int64_t b = i / n_split;
+    const Task t = {tables + b * max_blocks, seq_lens[b], (i % n_split) * per_task, per_task, grp, n_kv, hd, bs, bf16};
+    return t;
 }
 
 INLINE void decode_all(const void* q, const void* kc, const void* vc, void* out, const int64_t* rows,
@@ -294,17 +303,24 @@ INLINE void decode_all(const void* q, const void* kc, const void* vc, void* out,
     const int64_t grp = n_q / n_kv;
     /* Whole requests stream best; split by KV head only when requests alone leave threads idle. */
     const int64_t per_task = n_req >= 4 * nthreads ? n_kv : 1, n_split = n_kv / per_task;
-    const int64_t rows_per_task = grp * per_task;
+    const int64_t rows_per_task = grp * per_task, n_tasks = n_req * n_split;
+    /* Tasks are handed out in order, one at a time as by schedule(dynamic, 1), but each thread claims
+       its next task when it starts one, so that it knows where to prefetch past this one's end. */
+    int64_t claimed = 0;
 #pragma omp parallel num_threads(nthreads)
     {
         float* scores = (float*)malloc(sizeof(float) * rows_per_task * (max_seq > 0 ? max_seq : 1));
         float* qf = (float*)malloc(sizeof(float) * rows_per_task * hd);
         float* acc = (float*)malloc(sizeof(float) * rows_per_task * hd);
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t t = 0; t < n_req * n_split; t++) {
-            const int64_t b = t / n_split, h0 = (t % n_split) * per_task;
-            decode_request(q, kc, vc, out, rows[b], tables + b * max_blocks, seq_lens[b], h0, h0 + per_task, grp,
-                           n_kv, hd, bs, scale, q_stride, qf, acc, scores, bf16, isa);
+        int64_t i = __atomic_fetch_add(&claimed, 1, __ATOMIC_RELAXED);
+        while (i < n_tasks) {
+            const int64_t j = __atomic_fetch_add(&claimed, 1, __ATOMIC_RELAXED);
+            const Task t = task_at(i, tables, max_blocks, seq_lens, n_split, per_task, grp, n_kv, hd, bs, bf16);
+            const Task after = task_at(j < n_tasks ? j : i, tables, max_blocks, seq_lens, n_split, per_task, grp,
+                                       n_kv, hd, bs, bf16);
+            decode_task(&t, j < n_tasks ? &after : NULL, q, kc, vc, out, rows[i / n_split], scale, q_stride, qf, acc,
+                        scores, isa);
+            i = j;
         }
         free(scores);
         free(qf);
