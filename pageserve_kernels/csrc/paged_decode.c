@@ -312,16 +312,17 @@ INLINE void decode_all(const void* q, const void* kc, const void* vc, void* out,
         float* scores = (float*)malloc(sizeof(float) * rows_per_task * (max_seq > 0 ? max_seq : 1));
         float* qf = (float*)malloc(sizeof(float) * rows_per_task * hd);
         float* acc = (float*)malloc(sizeof(float) * rows_per_task * hd);
+#define TASK_AT(i) task_at(i, tables, max_blocks, seq_lens, n_split, per_task, grp, n_kv, hd, bs, bf16)
         int64_t i = __atomic_fetch_add(&claimed, 1, __ATOMIC_RELAXED);
+        Task t = i < n_tasks ? TASK_AT(i) : (Task){0};
         while (i < n_tasks) {
             const int64_t j = __atomic_fetch_add(&claimed, 1, __ATOMIC_RELAXED);
-            const Task t = task_at(i, tables, max_blocks, seq_lens, n_split, per_task, grp, n_kv, hd, bs, bf16);
-            const Task after = task_at(j < n_tasks ? j : i, tables, max_blocks, seq_lens, n_split, per_task, grp,
-                                       n_kv, hd, bs, bf16);
+            const Task after = j < n_tasks ? TASK_AT(j) : t;
             decode_task(&t, j < n_tasks ? &after : NULL, q, kc, vc, out, rows[i / n_split], scale, q_stride, qf, acc,
                         scores, isa);
-            i = j;
+            i = j, t = after;
         }
+#undef TASK_AT
         free(scores);
         free(qf);
         free(acc);
