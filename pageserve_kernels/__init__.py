@@ -14,9 +14,10 @@
     host_load.py        how many cores other processes took while we timed (busy timings are measured again)
     fused_choice.py     C kernel or PyTorch for each fused op, dtype and width, by choice.py
     prefill_choice.py   the C prefill kernel or PyTorch's SDPA for prompt chunks, per dtype and head shape, by choice.py
-    csrc/               the C sources of those kernels (package data; exp8_avx2.h, exp16_avx512.h and bf16_elem.h shared,
-                        decode_avx512.h the decode kernel's AVX-512 loops), and llama_layers.cpp (a torch
-                        operator class that runs a Llama step's layers over those kernels: engine/worker/native_layers.py)
+    csrc/               the C sources of those kernels (package data; exp8_avx2.h, exp16_avx512.h, bf16_elem.h and
+                        values_avx512.h (P . V tiles) shared, decode_avx512.h the decode kernel's AVX-512 loops),
+                        and llama_layers.cpp (a torch operator class that runs a Llama step's layers over those
+                        kernels: engine/worker/native_layers.py)
     native_build.py     compiles and caches the C kernels; PAGESERVE_NATIVE_KERNELS=0 turns them off
     torch_ops.py        compiles and caches C++ torch operators (csrc/*.cpp) against the installed torch
     cpu_features.py     what this CPU computes natively (AVX2, FMA, AVX512-BF16, AMX) from /proc/cpuinfo

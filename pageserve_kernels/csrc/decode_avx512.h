@@ -8,14 +8,14 @@
              multiplied in float32 by the query split the same way (the query stays float32)
      dp      AVX512-BF16's _mm512_dpbf16_ps takes the bfloat16 query and K directly: one
              instruction for 32 products, float32 accumulation; the scale is applied to the sums
-   The weighted sum over V widens each bfloat16 row once and feeds up to four query heads of the
-   group from it, 64 columns (four registers) at a time. (Not by _mm512_dpbf16_ps on pairs of
-   tokens: that rounds the probabilities to bfloat16, and the output would no longer be the
-   float32 attention of the cached values rounded once, which the tests hold it to.) */
+   The weighted sum over V is values_avx512.h's, shared with the prompt kernel: each bfloat16 row
+   widened once feeds the group's query heads, 64 columns (four registers) at a time. */
 #ifndef PAGESERVE_DECODE_AVX512_H
 #define PAGESERVE_DECODE_AVX512_H
 
 #include <immintrin.h>
+
+#include "values_avx512.h" /* weigh_block_512: the weighted sum over V */
 
 /* Sixteen vectors -> one vector whose lane j is the sum of v[j]'s lanes. */
 INLINE __m512 hsum16(const __m512* v) {
@@ -87,54 +87,6 @@ INLINE void block_scores_512(const void* q, int64_t q_elem, const void* k, int64
         }
         for (; i < n; i++) out[i] = _mm512_reduce_add_ps(token_dot(qg, kb + i * tok_stride * k_elem, hd, mode)) * post;
     }
-}
-
-INLINE __m512 load16(const void* p, int64_t i, int bf16) {
-    if (bf16) {
-        const __m256i h = _mm256_loadu_si256((const __m256i*)((const uint16_t*)p + i));
-        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-    }
-    return _mm512_loadu_ps((const float*)p + i);
-}
-
-/* acc[g0 + j][d0 : d0 + 16 W] += sum_i p[g0 + j, s0 + i] V[token i][d0 : ...], j < NG: W * NG registers. */
-INLINE void values_tile(float* acc, const void* v, int64_t tok_stride, int64_t n, int64_t g0, int NG, int W,
-                        int64_t hd, int64_t d0, const float* scores, int64_t S, int64_t s0, int bf16) {
-    __m512 r[4][4];
-    for (int j = 0; j < NG; j++)
-        for (int w = 0; w < W; w++) r[j][w] = _mm512_loadu_ps(acc + (g0 + j) * hd + d0 + 16 * w);
-    for (int64_t i = 0; i < n; i++) {
-        __m512 x[4];
-        for (int w = 0; w < W; w++) x[w] = load16(v, i * tok_stride + d0 + 16 * w, bf16);
-        for (int j = 0; j < NG; j++) {
-            const __m512 p = _mm512_set1_ps(scores[(g0 + j) * S + s0 + i]);
-            for (int w = 0; w < W; w++) r[j][w] = _mm512_fmadd_ps(p, x[w], r[j][w]);
-        }
-    }
-    for (int j = 0; j < NG; j++)
-        for (int w = 0; w < W; w++) _mm512_storeu_ps(acc + (g0 + j) * hd + d0 + 16 * w, r[j][w]);
-}
-
-/* The group's heads four at a time (the rest by a tile of its own size): constant tile sizes keep the
-   accumulators in registers. */
-INLINE void values_columns(float* acc, const void* v, int64_t tok_stride, int64_t n, int64_t grp, int W,
-                           int64_t hd, int64_t d0, const float* scores, int64_t S, int64_t s0, int bf16) {
-    int64_t g0 = 0;
-    for (; g0 + 4 <= grp; g0 += 4) values_tile(acc, v, tok_stride, n, g0, 4, W, hd, d0, scores, S, s0, bf16);
-    switch (grp - g0) {
-        case 3: values_tile(acc, v, tok_stride, n, g0, 3, W, hd, d0, scores, S, s0, bf16); break;
-        case 2: values_tile(acc, v, tok_stride, n, g0, 2, W, hd, d0, scores, S, s0, bf16); break;
-        case 1: values_tile(acc, v, tok_stride, n, g0, 1, W, hd, d0, scores, S, s0, bf16); break;
-        default: break;
-    }
-}
-
-/* acc[g] += sum_i p[g, s0 + i] V[token i of the block], i < n; hd a multiple of 32. */
-INLINE void block_values_512(float* acc, const void* v, int64_t tok_stride, int64_t n, int64_t grp, int64_t hd,
-                             const float* scores, int64_t S, int64_t s0, int bf16) {
-    int64_t d0 = 0;
-    for (; d0 + 64 <= hd; d0 += 64) values_columns(acc, v, tok_stride, n, grp, 4, hd, d0, scores, S, s0, bf16);
-    if (d0 < hd) values_columns(acc, v, tok_stride, n, grp, 2, hd, d0, scores, S, s0, bf16);
 }
 
 #endif

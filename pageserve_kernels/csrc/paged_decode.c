@@ -260,7 +260,7 @@ INLINE void weigh_values(const Task* t, const void* vc, const float* scores, flo
             prefetch_next(t, vc, next, kc, s0, h);
 #if HAVE_AVX512
             if (wide) {
-                block_values_512(acc + h * grp * hd, v, tok_stride, n, grp, hd, scores + h * grp * S, S, s0, t->bf16);
+                weigh_block_512(grp, scores + h * grp * S + s0, S, v, tok_stride, t->bf16, n, acc + h * grp * hd, hd);
                 continue;
             }
 #endif

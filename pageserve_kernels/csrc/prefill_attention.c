@@ -50,69 +50,17 @@ static void product(int64_t rows, const float *a, int64_t lda, const float *b, i
 #include "exp8_avx2.h"
 #if defined(__AVX512F__)
 #include "exp16_avx512.h"
+#include "values_avx512.h" /* weigh_block_512 */
 
 /* The first n of sixteen lanes (all of them from 16 on). */
 INLINE __mmask16 first_lanes(int64_t n) { return (__mmask16)(n >= 16 ? 0xFFFFu : (1u << n) - 1u); }
 
-/* o[r, d0 : d0 + 16 W] += p[r, 0:n] . vs[0:n, d0 : d0 + 16 W], r < MR; p rows 16 apart, o and vs rows hd
-   apart. MR x W accumulators (6 x 4 = 24 of the 32 registers): each V row loaded once feeds MR rows, and
-   each broadcast probability W vectors, against the AVX2 tile's 6 x 2 of eight lanes. On an AMD EPYC
-   Zen 4, whose 512-bit FMAs issue as two 256-bit halves, it only matches the AVX2 tile (P . V runs at
-   ~200 GFLOP/s on 2 cores either way, the FMA units' peak there); cores with two 512-bit FMA ports
-   (Intel Xeon) do twice the AVX2 tile's multiply-adds a cycle. */
-static inline __attribute__((always_inline)) void values_tile(const int MR, const int W, const float *restrict p,
-                                                              const float *restrict vs, int64_t n, float *restrict o,
-                                                              int64_t hd, int64_t d0) {
-    __m512 c[6][4];
-#pragma GCC unroll 6
-    for (int r = 0; r < MR; r++)
-#pragma GCC unroll 4
-        for (int w = 0; w < W; w++) c[r][w] = _mm512_loadu_ps(o + r * hd + d0 + 16 * w);
-    for (int64_t k = 0; k < n; k++) {
-        __m512 b[4];
-#pragma GCC unroll 4
-        for (int w = 0; w < W; w++) b[w] = _mm512_loadu_ps(vs + k * hd + d0 + 16 * w);
-#pragma GCC unroll 6
-        for (int r = 0; r < MR; r++) {
-            const __m512 x = _mm512_set1_ps(p[r * 16 + k]);
-#pragma GCC unroll 4
-            for (int w = 0; w < W; w++) c[r][w] = _mm512_fmadd_ps(x, b[w], c[r][w]);
-        }
-    }
-#pragma GCC unroll 6
-    for (int r = 0; r < MR; r++)
-#pragma GCC unroll 4
-        for (int w = 0; w < W; w++) _mm512_storeu_ps(o + r * hd + d0 + 16 * w, c[r][w]);
-}
-
-/* Columns d0 .. d0 + 16 W of every row, six rows a tile (constant tile shapes keep c in registers). */
-static inline __attribute__((always_inline)) void values_columns(const int W, int64_t rows, const float *p,
-                                                                 const float *vs, int64_t n, float *o, int64_t hd,
-                                                                 int64_t d0) {
-    for (int64_t r = 0; r < rows; r += 6, p += 6 * 16, o += 6 * hd) {
-        switch (rows - r < 6 ? rows - r : 6) {
-        case 6: values_tile(6, W, p, vs, n, o, hd, d0); break;
-        case 5: values_tile(5, W, p, vs, n, o, hd, d0); break;
-        case 4: values_tile(4, W, p, vs, n, o, hd, d0); break;
-        case 3: values_tile(3, W, p, vs, n, o, hd, d0); break;
-        case 2: values_tile(2, W, p, vs, n, o, hd, d0); break;
-        default: values_tile(1, W, p, vs, n, o, hd, d0); break;
-        }
-    }
-}
 #endif
 
 /* o[r] += p[r, 0:n] . vs[0:n] for r < rows (P . V of one block of keys; p rows 16 apart, hd a multiple of 16). */
 static void weigh_values(int64_t rows, const float *p, const float *vs, int64_t n, float *o, int64_t hd) {
 #if defined(__AVX512F__)
-    int64_t d0 = 0;
-    for (; d0 + 64 <= hd; d0 += 64) values_columns(4, rows, p, vs, n, o, hd, d0);
-    switch ((hd - d0) / 16) {
-    case 3: values_columns(3, rows, p, vs, n, o, hd, d0); break;
-    case 2: values_columns(2, rows, p, vs, n, o, hd, d0); break;
-    case 1: values_columns(1, rows, p, vs, n, o, hd, d0); break;
-    default: break;
-    }
+    weigh_block_512(rows, p, 16, vs, hd, 0, n, o, hd);
 #else
     for (int64_t c0 = 0; c0 < hd; c0 += 16) product(rows, p, 16, vs + c0, hd, n, o + c0, hd, 1);
 #endif
