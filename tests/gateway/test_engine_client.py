@@ -36,16 +36,13 @@ from shared.protocol import (
     encode,
 )
 from shared.sampling import SamplingParams
-from tests.engine.serving.fake_core import Running, start_server
+from tests.engine.serving.fake_core import Running, serving
 
 
 @pytest.fixture
 def engine() -> Iterator[Running]:
-    running = start_server()
-    yield running
-    if running.thread.is_alive():
-        running.core.step_gate.set()
-        running.stop()
+    with serving() as running:
+        yield running
 
 
 def add(rid: str, max_tokens: int = 4, prompt: list[int] | None = None) -> AddRequest:

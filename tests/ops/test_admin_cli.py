@@ -121,15 +121,8 @@ def _key_from(out: str) -> str:
     return next(line for line in out.splitlines() if line.startswith("ps-"))
 
 
-def test_every_admin_command_end_to_end(cli: AdminCLI):
-    cli("tenant", "create", "acme")
-    cli("tenant", "create", "beta", "--tier", "free")
-    assert [t["name"] for t in cli.json("tenant", "list")] == ["acme", "beta"]
-    created = cli.json("key", "create", "acme", "--label", "prod")
-    key, key_id = created["key"], created["id"]
-    assert _authenticates(cli, key)
-
-    # quota set / show: an override, "unlimited", then back to the tier default
+def _quota_commands(cli: AdminCLI, key_id: str) -> None:
+    """quota set / show: an override, "unlimited", then back to the tier default; per key; bad values."""
     shown = cli.json("quota", "set", "acme", "--rpm", "5", "--daily-tokens", "unlimited")
     assert shown["limits"]["rpm"] == 5 and shown["limits"]["daily_tokens"] is None
     assert shown["overrides"] == ["daily_tokens", "rpm"]
@@ -141,7 +134,9 @@ def test_every_admin_command_end_to_end(cli: AdminCLI):
     assert bad.returncode == 1 and "must be >= 0" in bad.stderr
     assert cli("quota", "set", "acme", ok=False).returncode == 1
 
-    # usage show, per tenant and per key, text and JSON, with a date range
+
+def _usage_commands(cli: AdminCLI, key: str, key_id: str) -> None:
+    """usage show, per tenant and per key, text and JSON, with a date range."""
     _serve_one(cli, key, 11, 7)
     _serve_one(cli, key, 4, 2)
     rows = cli.json("usage", "show", "acme")["rows"]
@@ -155,15 +150,17 @@ def test_every_admin_command_end_to_end(cli: AdminCLI):
     assert "acme" in cli("usage", "show").stdout
     assert cli("usage", "show", "--since", "yesterday", ok=False).returncode == 1
 
-    # suspension stops every key at once; resume restores them
-    cli("tenant", "suspend", "acme")
+
+def _key_life_commands(cli: AdminCLI, key: str, key_id: str) -> list[str]:
+    """Suspend and resume a tenant, rotate a key with a grace period, revoke it, delete a tenant with its
+    keys: every key stops exactly when it should. Returns the keys it created."""
+    cli("tenant", "suspend", "acme")  # suspension stops every key at once; resume restores them
     assert not _authenticates(cli, key)
     assert cli.json("tenant", "show", "acme")["status"] == "suspended"
     cli("tenant", "resume", "acme")
     assert _authenticates(cli, key)
 
-    # rotation: the old key works during the grace period, then stops; the new one works
-    rotated = cli.json("key", "rotate", key_id, "--grace", "1.5")
+    rotated = cli.json("key", "rotate", key_id, "--grace", "1.5")  # the old key works during the grace
     new_key = rotated["key"]
     assert rotated["replaces"] == key_id and _authenticates(cli, key) and _authenticates(cli, new_key)
     time.sleep(1.7)
@@ -171,22 +168,31 @@ def test_every_admin_command_end_to_end(cli: AdminCLI):
     states = {k["id"]: k["usable"] for k in cli.json("key", "list", "acme")}
     assert states == {key_id: False, rotated["id"]: True}
 
-    # revoke, then delete
     cli("key", "revoke", rotated["id"])
     assert not _authenticates(cli, new_key)
     third = _key_from(cli("key", "create", "beta").stdout)
     cli("tenant", "delete", "beta")
     assert not _authenticates(cli, third)
     assert cli("tenant", "show", "beta", ok=False).returncode == 1
+    return [new_key, third]
+
+
+def test_every_admin_command_end_to_end(cli: AdminCLI):
+    cli("tenant", "create", "acme")
+    cli("tenant", "create", "beta", "--tier", "free")
+    assert [t["name"] for t in cli.json("tenant", "list")] == ["acme", "beta"]
+    created = cli.json("key", "create", "acme", "--label", "prod")
+    key, key_id = created["key"], created["id"]
+    assert _authenticates(cli, key)
+    _quota_commands(cli, key_id)
+    _usage_commands(cli, key, key_id)
+    later_keys = _key_life_commands(cli, key, key_id)
 
     actions = [e["action"] for e in cli.json("audit", "show", "--limit", "100")]
     assert actions == ["tenant.create", "tenant.create", "key.create", "quota.set", "quota.set", "quota.set",
                        "tenant.suspend", "tenant.resume", "key.create", "key.rotate", "key.revoke",
                        "key.create", "tenant.delete"]
-
     assert cli.in_subprocess >= ALL_COMMANDS  # each command ran at least once as its own process
-
-    # keys appear only in the one output that created them
-    for secret in (key, new_key, third):
+    for secret in (key, *later_keys):  # keys appear only in the one output that created them
         showing = [t for t in cli.transcript if secret in t]
         assert len(showing) == 1, f"a key was printed {len(showing)} times"

@@ -8,9 +8,10 @@ The tests in tests/engine/serving/test_server.py run the same paths with the rea
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from engine.outputs import RequestDelta
@@ -21,6 +22,8 @@ from engine.serving.server import EngineServer, ServerConfig
 from engine.serving.synthetic_core import SyntheticCore
 from engine.step_failures import RequestsFailed
 from shared.model_info import ModelInfo
+from shared.protocol import AddRequest
+from shared.sampling import SamplingParams
 
 
 class FakeCore(SyntheticCore):
@@ -91,3 +94,20 @@ def start_server(grace_s: float = 0.2, listen: str = "tcp://127.0.0.1:*", deadli
     thread = threading.Thread(target=lambda: exit_code.append(server.serve()), daemon=True)
     thread.start()
     return Running(server, core, thread, exit_code)
+
+
+@contextlib.contextmanager
+def serving() -> Iterator[Running]:
+    """A running loop for one test; stopped afterwards unless the test ended it (its step gate reopened first)."""
+    running = start_server()
+    try:
+        yield running
+    finally:
+        if running.thread.is_alive():
+            running.core.step_gate.set()
+            running.stop()
+
+
+def add(rid: str, max_tokens: int = 4, prompt: list[int] | None = None, n: int = 1) -> AddRequest:
+    """A request for the fake core (its prompt [5, 6, 7] unless given)."""
+    return AddRequest(rid, [5, 6, 7] if prompt is None else prompt, SamplingParams(max_tokens=max_tokens, n=n))

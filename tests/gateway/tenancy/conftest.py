@@ -11,6 +11,9 @@ from gateway.tenancy.admission import Admission
 from gateway.tenancy.quota import LIMIT_FIELDS
 from gateway.tenancy.quota_store import QuotaStore
 
+CHAT = {"model": "smollm2", "messages": [{"role": "user", "content": "What is the capital of France?"}]}
+TOKENS = [7042, 314, 17915, 30]  # " Paris is lovely." (what the scripted fake engine answers CHAT with)
+
 
 @pytest.fixture
 def anyio_backend() -> str:
@@ -53,3 +56,13 @@ async def admission(client: aioredis.Redis, prefix: str) -> AsyncIterator[Admiss
     adm = Admission(client, prefix)
     yield adm
     await adm.aclose()
+
+
+async def make_tenant_at(redis_url: str, prefix: str, **limits: int | None) -> tuple[str, str]:
+    """make_tenant's premium tenant acme under `prefix`, from outside any event loop's fixtures: (key, key id)."""
+    client = connect(redis_url)
+    try:
+        key, auth = await make_tenant(TenantStore(client, prefix, actor="test"), "acme", "premium", **limits)
+        return key, auth.key_id
+    finally:
+        await client.aclose()

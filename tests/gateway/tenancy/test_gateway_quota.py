@@ -2,8 +2,8 @@
 
 What the HTTP client sees (429 bodies and headers, x-ratelimit-* on success,
 503 when Redis is gone) and what Redis records (usage = exactly the tokens the
-client was sent, for finished, stopped and cut streams). The e2e suite runs the
-real engine; here the engine is `tests/gateway/fakes.FakeEngine`.
+client was sent; cut streams and when settlement happens: test_response_settlement.py).
+The e2e suite runs the real engine; here the engine is `tests/gateway/fakes.FakeEngine`.
 """
 
 from __future__ import annotations
@@ -27,14 +27,11 @@ from gateway.prompts import Prompts
 from gateway.state import GatewayState
 from gateway.tenancy import TenantStore, connect
 from gateway.tenancy.admission import Admission, AdmissionConfig
-from gateway.tenancy.quota import LIMIT_FIELDS
-from gateway.tenancy.quota_store import QuotaStore
 from gateway.tenancy.usage import UsageReader, UsageRow
 from tests.gateway.fakes import FakeEngine, FakeEngineSource, Script
+from tests.gateway.tenancy.conftest import CHAT, TOKENS, make_tenant_at
 from tests.gateway.tenancy.restartable_redis import RestartableRedis
 
-CHAT = {"model": "smollm2", "messages": [{"role": "user", "content": "What is the capital of France?"}]}
-TOKENS = [7042, 314, 17915, 30]  # " Paris is lovely."
 ADMIN_TOKEN = "test-admin-token"
 
 
@@ -64,20 +61,6 @@ class Gateway:
         return rows[0] if rows else None
 
 
-async def _tenant(redis_url: str, prefix: str, limits: dict[str, int | None]) -> tuple[str, str]:
-    client = connect(redis_url)
-    try:
-        store = TenantStore(client, prefix, actor="test")
-        await store.create_tenant("acme", tier="premium")
-        key, info = await store.create_key("acme")
-        changes: dict[str, int | None | str] = {f: None for f in LIMIT_FIELDS}
-        changes.update(limits)
-        await QuotaStore(store).set("acme", None, changes)
-        return key, info.id
-    finally:
-        await client.aclose()
-
-
 def services_with_admission(engine: FakeEngine, tokenizer: Any,
                             admission_config: AdmissionConfig | None = None) -> Callable[[GatewayConfig], Any]:
     @contextlib.asynccontextmanager
@@ -104,7 +87,7 @@ def make_gateway(tokenizer: Any, redis_url: str) -> Iterator[Callable[..., Gatew
         url = url or redis_url
         prefix = "g" + secrets.token_hex(4)
         engine = FakeEngine(script)
-        key, key_id = asyncio.run(_tenant(url, prefix, limits))
+        key, key_id = asyncio.run(make_tenant_at(url, prefix, **limits))
         config = GatewayConfig(redis_url=url, redis_prefix=prefix, admin_token=ADMIN_TOKEN)
         services = services_with_admission(engine, tokenizer, admission_config)
         client = stack.enter_context(TestClient(create_app(config, services)))
@@ -224,49 +207,6 @@ def test_redis_outage_is_503_and_service_resumes_by_itself(make_gateway):
         server.close()
 
 
-@pytest.mark.anyio
-async def test_a_stream_cut_by_the_client_is_charged_for_what_was_sent(tokenizer, redis_url):
-    """ASGI level, so the test decides when the client hangs up (after the second token)."""
-    prefix = "c" + secrets.token_hex(4)
-    key, _ = await _tenant(redis_url, prefix, {"output_tpm": 1000})
-    engine = FakeEngine(lambda r: Script([TOKENS[:2]], hang=True))
-    redis = connect(redis_url)
-    store = TenantStore(redis, prefix=prefix, actor="test")
-    admission = Admission(redis, prefix=prefix)
-    state = GatewayState(GatewayConfig(), FakeEngineSource(engine), Prompts(tokenizer), store, store, admission)
-    received, cut = bytearray(), asyncio.Event()
-    messages = [{"type": "http.request", "body": json.dumps({**CHAT, "stream": True, "max_tokens": 200}).encode(),
-                 "more_body": False}]
-
-    async def receive() -> dict[str, Any]:
-        if messages:
-            return messages.pop(0)
-        await cut.wait()
-        return {"type": "http.disconnect"}
-
-    async def send(message: dict[str, Any]) -> None:
-        received.extend(message.get("body", b""))
-        if " is" in received.decode(errors="replace"):
-            cut.set()
-
-    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers":
-             [(b"authorization", f"Bearer {key}".encode()), (b"content-type", b"application/json")],
-             "query_string": b"", "http_version": "1.1", "scheme": "http", "server": ("t", 80),
-             "client": ("c", 1), "root_path": "", "state": {"gateway": state}}
-    await asyncio.wait_for(create_app(GatewayConfig())(scope, receive, send), 5)
-    assert b"data: " in received, bytes(received)
-    today = dt.datetime.now(dt.UTC).date()
-    row = (await UsageReader(redis, prefix).read("tenant", ["acme"], today, today))[0]
-    assert engine.aborted == [engine.submitted[0].request_id]
-    assert (row.requests, row.completion_tokens) == (1, 2)
-    assert row.prompt_tokens == len(engine.submitted[0].prompt_token_ids)
-    # the 198 reserved-but-unsent output tokens went back to the per-minute bucket
-    assert int(float(await redis.hget(f"{prefix}:rl:tenant:acme", "out"))) >= 1000 - 2
-    await admission.aclose()
-    await redis.aclose()
-
-
-
 def _admin(gw: Gateway, action: Callable[[TenantStore], Any]) -> Any:
     """Run one admin operation against the gateway's Redis, as the CLI would from another process."""
     async def run() -> Any:
@@ -328,91 +268,3 @@ def test_a_dead_engine_is_503_for_a_good_key_and_401_for_a_bad_one(make_gateway)
     assert gw.chat(max_tokens=4).status_code == 503
 
 
-async def _asgi_call(state: GatewayState, key: str, body: bytes,
-                     send_failure: BaseException | None = None) -> tuple[list[dict[str, Any]], list[str]]:
-    """One request straight through the ASGI app: (messages sent, a log of what happened in order).
-
-    At the send of the final body the log records how many usage rows Redis holds;
-    `send_failure` is raised from that send (a socket that broke under it)."""
-    events: list[str] = []
-    sent: list[dict[str, Any]] = []
-    pending = [{"type": "http.request", "body": body, "more_body": False}]
-
-    async def receive() -> dict[str, Any]:
-        events.append("receive")
-        if pending:
-            return pending.pop(0)
-        await asyncio.Event().wait()  # the client stays connected
-        return {"type": "http.disconnect"}
-
-    async def send(message: dict[str, Any]) -> None:
-        if message["type"] == "http.response.body" and not message.get("more_body", False):
-            events.append(f"final body sent, usage rows {len(await _usage(state))}")
-            if send_failure is not None:
-                raise send_failure
-        sent.append(message)
-
-    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers":
-             [(b"authorization", f"Bearer {key}".encode()), (b"content-type", b"application/json"),
-              (b"content-length", str(len(body)).encode())],
-             "query_string": b"", "http_version": "1.1", "scheme": "http", "server": ("t", 80),
-             "client": ("c", 1), "root_path": "", "state": {"gateway": state}}
-    with contextlib.suppress(OSError):
-        await asyncio.wait_for(create_app(GatewayConfig())(scope, receive, send), 5)
-    return sent, events
-
-
-async def _usage(state: GatewayState) -> list[UsageRow]:
-    assert state.admission is not None
-    today = dt.datetime.now(dt.UTC).date()
-    return await UsageReader(state.admission.redis, state.admission.prefix).read("tenant", ["acme"], today, today)
-
-
-@contextlib.asynccontextmanager
-async def _state(tokenizer: Any, redis_url: str, **limits: int | None) -> AsyncIterator[tuple[GatewayState, str]]:
-    """The gateway's state around the fake engine, and the key of tenant acme with `limits`."""
-    prefix = "a" + secrets.token_hex(4)
-    key, _ = await _tenant(redis_url, prefix, limits)
-    redis = connect(redis_url)
-    store = TenantStore(redis, prefix=prefix, actor="test")
-    admission = Admission(redis, prefix=prefix)
-    engine = FakeEngine(lambda r: Script([TOKENS] * r.sampling.n))
-    try:
-        yield GatewayState(GatewayConfig(), FakeEngineSource(engine), Prompts(tokenizer), store, store, admission), key
-    finally:
-        await admission.aclose()
-        await redis.aclose()
-
-
-CHAT_8 = json.dumps({**CHAT, "max_tokens": 8}).encode()
-
-
-@pytest.mark.anyio
-async def test_a_large_body_with_a_bad_key_is_never_read(tokenizer, redis_url):
-    big = json.dumps({**CHAT, "messages": [{"role": "user", "content": "x" * 20_000}]}).encode()
-    async with _state(tokenizer, redis_url) as (state, _):
-        sent, events = await _asgi_call(state, "ps-" + "x" * 43, big)
-    assert sent[0]["status"] == 401 and "receive" not in events
-
-
-@pytest.mark.anyio
-async def test_the_whole_response_is_sent_before_settlement_which_happens_once(tokenizer, redis_url):
-    async with _state(tokenizer, redis_url, concurrency=1) as (state, key):
-        first, events = await _asgi_call(state, key, CHAT_8)
-        assert first[0]["status"] == 200 and "final body sent, usage rows 0" in events  # not settled yet ...
-        assert len(await _usage(state)) == 1  # ... and settled by the time the request is over
-        second, events = await _asgi_call(state, key, CHAT_8)  # concurrency 1: the first one's slot is free
-        assert second[0]["status"] == 200
-        rows = await _usage(state)
-    completion = json.loads(b"".join(m.get("body", b"") for m in second[1:]))["usage"]["completion_tokens"]
-    assert (rows[0].requests, rows[0].completion_tokens) == (2, 2 * completion)
-
-
-@pytest.mark.anyio
-async def test_settlement_happens_even_when_sending_the_response_fails(tokenizer, redis_url):
-    async with _state(tokenizer, redis_url, concurrency=1) as (state, key):
-        _, events = await _asgi_call(state, key, CHAT_8, send_failure=OSError("broken pipe"))
-        assert "final body sent, usage rows 0" in events
-        rows = await _usage(state)
-        after, _ = await _asgi_call(state, key, CHAT_8)  # its concurrency slot was released too
-    assert rows[0].requests == 1 and after[0]["status"] == 200
