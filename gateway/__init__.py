@@ -26,6 +26,7 @@ A request's path through the package:
     openai_format.py the exact chunk/response JSON shapes
     engine_link.py   keeps an EngineClient (engine_client.py) connected, reconnects after a loss, and
                      watches the engine's step counter (a stalled engine fails open streams)
+    background_tasks.py  how the owners of background tasks (read loops, heartbeats, probes) stop them
     request_context.py  per request: x-request-id, access-log line, metrics, 503 while draining
     metrics.py       /metrics: prometheus-client (multiprocess) + the engine's Stats under vLLM names
     routing_metrics.py  the replica router's decisions and each replica's load on /metrics (pageserve:)

@@ -49,6 +49,7 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
+from gateway.background_tasks import cancel_and_wait
 from shared.curve import ClientKeys, connect_curve
 from shared.model_info import ModelInfo
 from shared.protocol import (
@@ -242,11 +243,7 @@ class EngineClient:
                 self._sock.send(encode(Bye("client closed")), zmq.NOBLOCK)
                 linger_ms = 200  # time to flush the Bye, spent only when the engine is there
         self._fail_all(EngineDeadError("engine client closed"))
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(self._tasks)
         self._tasks = []
         if self._sock is not None:
             if self._monitor is not None:

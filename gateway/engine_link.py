@@ -20,10 +20,10 @@ about HTTP or tokenizers.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 
+from gateway.background_tasks import cancel_and_wait
 from gateway.engine_client import EngineClient, EngineError, EngineUnavailableError
 from shared.curve import ClientKeys
 from shared.model_info import ModelInfo
@@ -146,11 +146,7 @@ class EngineLink:
             self._client.fail(reason)
 
     async def close(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(self._tasks)
         self._tasks = []
         if self._client is not None:
             await self._client.close()

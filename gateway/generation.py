@@ -28,7 +28,7 @@ from gateway.engine_client import EngineDeadError, EngineError, RequestFailedErr
 from gateway.errors import APIError, EngineUnavailable, InternalError, InvalidRequest
 from gateway.logprobs import LogprobEntry, TokenTexts
 from gateway.stop_strings import StopStringMatcher
-from gateway.tenancy.admission import Ticket
+from gateway.tenancy.admission import Principal, Ticket
 from shared.protocol import DEADLINE_EXCEEDED, REQUEST_FAILED, AddRequest, Finished, TokenDelta
 from shared.sampling import SamplingParams
 from shared.structured import GrammarSpec
@@ -51,8 +51,9 @@ class Engine(Protocol):
     async def submit(self, request: AddRequest) -> TokenStream: ...
 
 
-class Caller(Protocol):
-    """Who is asking: the authenticated key's context (tenancy's AuthContext)."""
+class Caller(Principal, Protocol):
+    """Who is asking: the authenticated key's context (tenancy's AuthContext): who admission charges, and
+    what the engine schedules and salts the prefix cache by."""
 
     @property
     def tenant_id(self) -> str: ...
@@ -62,12 +63,6 @@ class Caller(Protocol):
     def weight(self) -> float: ...
     @property
     def cache_salt(self) -> str: ...
-    @property
-    def tenant(self) -> str: ...
-    @property
-    def key_id(self) -> str: ...
-    @property
-    def tier(self) -> str: ...
 
 
 class Observer(Protocol):

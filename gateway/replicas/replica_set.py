@@ -18,13 +18,13 @@ knows nothing about HTTP or the routing rule (router.py, policy.py).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
 
 import redis.exceptions
 
+from gateway.background_tasks import cancel_and_wait
 from gateway.engine_client import EngineClient, EngineError, EngineUnavailableError
 from gateway.replicas.config import ReplicasConfig
 from gateway.replicas.counters import RoutingCounters
@@ -179,9 +179,7 @@ class ReplicaSet:
 
     async def close(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait([self._task])
         for replica in list(self._replicas.values()):
             if replica.probe is not None:
                 replica.probe.cancel()

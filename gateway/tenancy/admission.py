@@ -36,6 +36,7 @@ from typing import Any, Protocol
 
 import redis.asyncio as aioredis
 
+from gateway.background_tasks import cancel_and_wait
 from gateway.tenancy import keys
 from gateway.tenancy.errors import InvalidArgument, QuotaExceeded, TenancyUnavailable
 from gateway.tenancy.limiter_lua import ADMIT, AUTH_ADMIT, HEARTBEAT, SETTLE
@@ -265,10 +266,7 @@ class Admission:
 
     async def aclose(self) -> None:
         """Stop heartbeats and pending settlement retries, close the channel (lifespan shutdown)."""
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_wait(self._tasks)
         if self._channel is not None:
             await self._channel.aclose()
 
