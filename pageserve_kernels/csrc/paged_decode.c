@@ -185,11 +185,18 @@ typedef struct {
     int64_t S, h0, nh;           /* its length; the KV heads h0 .. h0 + nh - 1 of this task */
     int64_t grp, n_kv, hd, bs;   /* query heads per KV head, KV heads, head size, block size */
     int bf16;
+    int64_t blocks;              /* blocks holding its S tokens */
+    int64_t slice;               /* cache lines of a full block's prefetch asked for before each head */
 } Task;
 
-/* The element offset of head h0 of the block holding token s0, in either pool. */
-INLINE int64_t block_base(const Task* t, int64_t s0) {
-    return (t->table[s0 / t->bs] * t->bs * t->n_kv + t->h0) * t->hd;
+/* The element offset of head h0 of the task's block b, in either pool. */
+INLINE int64_t block_base(const Task* t, int64_t b) {
+    return (t->table[b] * t->bs * t->n_kv + t->h0) * t->hd;
+}
+
+/* The cache lines from head h0 of a block to the end of head h0 + nh - 1 of its n-th token. */
+INLINE int64_t block_lines(const Task* t, int64_t n) {
+    return (((n - 1) * t->n_kv + t->nh) * t->hd * (t->bf16 ? 2 : 4) + 63) / 64;
 }
 
 /* Blocks sit anywhere in the pool, so the hardware prefetcher cannot see the next one coming:
@@ -203,21 +210,21 @@ INLINE int64_t block_base(const Task* t, int64_t s0) {
    requests never pile up at once (worth ~8% with L1 prefetches there). Past the pass's last block
    the prefetches run on into the first blocks of what comes next, `then` in `then_cache`: the
    same task's V pool during the K pass, the next task's K pool during the V pass, so that no pass
-   starts on two cold blocks. */
-INLINE void prefetch_next(const Task* t, const void* cache, const Task* then, const void* then_cache, int64_t s0,
+   starts on two cold blocks. No division here (a 64-bit one takes ~15 cycles, and this runs before
+   every head of every block): block indices, and slices of a length fixed per task. */
+INLINE void prefetch_next(const Task* t, const void* cache, const Task* then, const void* then_cache, int64_t b,
                           int64_t part) {
-    int64_t t0 = s0 + 2 * t->bs; /* the block after next */
-    const int64_t span = (t->S + t->bs - 1) / t->bs * t->bs;
-    if (t0 >= span) {
+    int64_t ahead = b + 2; /* the block after next */
+    if (ahead >= t->blocks) {
         if (!then) return;
-        t = then, cache = then_cache, t0 -= span;
+        ahead -= t->blocks;
+        t = then, cache = then_cache;
     }
-    if (t0 >= t->S) return;
-    const int64_t elem = t->bf16 ? 2 : 4;
-    const char* p = (const char*)at(cache, block_base(t, t0), t->bf16);
-    const int64_t n = t->S - t0 < t->bs ? t->S - t0 : t->bs;
-    const int64_t lines = (((n - 1) * t->n_kv + t->nh) * t->hd * elem + 63) / 64;
-    const int64_t from = lines * part / t->nh, to = lines * (part + 1) / t->nh;
+    if (ahead >= t->blocks) return;
+    const char* p = (const char*)at(cache, block_base(t, ahead), t->bf16);
+    const int64_t n = t->S - ahead * t->bs < t->bs ? t->S - ahead * t->bs : t->bs;
+    const int64_t lines = block_lines(t, n), from = t->slice * part;
+    const int64_t to = from + t->slice < lines ? from + t->slice : lines;
     for (int64_t l = from; l < to; l++) __builtin_prefetch(p + 64 * l, 0, 2);
 }
 
@@ -230,10 +237,10 @@ INLINE void score_blocks(const Task* t, const float* qf, const void* kc, const v
     const int64_t q_elem = wide && mode == DOT_BF16_DP ? 2 : 4;
     const float post = wide && mode == DOT_BF16_DP ? scale : 1.f;
     (void)q_elem, (void)post; /* read by the AVX-512 loops only */
-    for (int64_t s0 = 0; s0 < S; s0 += t->bs) {
-        const int64_t n = S - s0 < t->bs ? S - s0 : t->bs, base = block_base(t, s0);
+    for (int64_t b = 0, s0 = 0; s0 < S; b++, s0 += t->bs) {
+        const int64_t n = S - s0 < t->bs ? S - s0 : t->bs, base = block_base(t, b);
         for (int64_t h = 0; h < t->nh; h++) {
-            prefetch_next(t, kc, t, vc, s0, h);
+            prefetch_next(t, kc, t, vc, b, h);
 #if HAVE_AVX512
             if (wide) {
                 block_scores_512((const char*)qf + h * grp * hd * q_elem, q_elem, at(kc, base + h * hd, t->bf16),
@@ -253,11 +260,11 @@ INLINE void weigh_values(const Task* t, const void* vc, const float* scores, flo
     const int64_t tok_stride = t->n_kv * t->hd, grp = t->grp, hd = t->hd, S = t->S;
     const int vec = isa >= ISA_AVX2, wide = isa >= ISA_AVX512;
     (void)wide; /* read by the AVX-512 loops only */
-    for (int64_t s0 = 0; s0 < S; s0 += t->bs) {
-        const int64_t n = S - s0 < t->bs ? S - s0 : t->bs, base = block_base(t, s0);
+    for (int64_t b = 0, s0 = 0; s0 < S; b++, s0 += t->bs) {
+        const int64_t n = S - s0 < t->bs ? S - s0 : t->bs, base = block_base(t, b);
         for (int64_t h = 0; h < t->nh; h++) {
             const void* v = at(vc, base + h * hd, t->bf16);
-            prefetch_next(t, vc, next, kc, s0, h);
+            prefetch_next(t, vc, next, kc, b, h);
 #if HAVE_AVX512
             if (wide) {
                 weigh_block_512(grp, scores + h * grp * S + s0, S, v, tok_stride, t->bf16, n, acc + h * grp * hd, hd);
@@ -292,7 +299,9 @@ INLINE void decode_task(const Task* t, const Task* next, const void* q, const vo
 INLINE Task task_at(int64_t i, const int64_t* tables, int64_t max_blocks, const int64_t* seq_lens, int64_t n_split,
                     int64_t per_task, int64_t grp, int64_t n_kv, int64_t hd, int64_t bs, int bf16) {
     const int64_t b = i / n_split;
-    const Task t = {tables + b * max_blocks, seq_lens[b], (i % n_split) * per_task, per_task, grp, n_kv, hd, bs, bf16};
+    Task t = {tables + b * max_blocks, seq_lens[b], (i % n_split) * per_task, per_task, grp, n_kv, hd, bs, bf16, 0, 0};
+    t.blocks = (t.S + bs - 1) / bs;
+    t.slice = (block_lines(&t, bs) + per_task - 1) / per_task;
     return t;
 }
 

@@ -241,10 +241,13 @@ INLINE void attend_tile(const void *q, int64_t q_stride, const void *kc, const v
     const int64_t last_key = context_len + t1 - 1; /* the tile's last query sees keys 0 .. last_key */
     for (int64_t s0 = 0; s0 <= last_key; s0 += 16) {
         const int64_t n = last_key + 1 - s0 < 16 ? last_key + 1 - s0 : 16;
-        /* keys s0 .. s0+n-1 (any block size: each key's row found through the table) */
-        int64_t slots[16];
-        for (int64_t j = 0; j < n; j++)
-            slots[j] = (table[(s0 + j) / bs] * bs + (s0 + j) % bs) * n_kv + h;
+        /* keys s0 .. s0+n-1 (any block size: each key's row found through the table; one division a
+           block of keys, not two a key) */
+        int64_t slots[16], block = s0 / bs, offset = s0 % bs;
+        for (int64_t j = 0; j < n; j++) {
+            slots[j] = (table[block] * bs + offset) * n_kv + h;
+            if (++offset == bs) offset = 0, block++;
+        }
         gather_block(kc, vc, slots, n, hd, kt, vs, bf16, dp);
 #if HAVE_DPBF16
         if (dp) scores_dpbf16(rows, qb, pairs, (const uint32_t *)kt, scale, s); /* kt holds the pairs */
