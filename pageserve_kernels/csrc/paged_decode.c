@@ -288,7 +288,15 @@ INLINE void decode_task(const Task* t, const Task* next, const void* q, const vo
     for (int64_t r = 0; r < rows * hd; r++) acc[r] = 0.f;
     score_blocks(t, qf, kc, vc, scores, scale, isa, mode);
     float inv_sum[rows];
-    for (int64_t r = 0; r < rows; r++) inv_sum[r] = softmax_row(scores + r * S, S, isa >= ISA_AVX2);
+    for (int64_t r = 0; r < rows; r++) {
+#if HAVE_AVX512
+        if (isa >= ISA_AVX512) {
+            inv_sum[r] = softmax_row_512(scores + r * S, S);
+            continue;
+        }
+#endif
+        inv_sum[r] = softmax_row(scores + r * S, S, isa >= ISA_AVX2);
+    }
     weigh_values(t, vc, scores, acc, isa, next, kc);
     for (int64_t r = 0; r < rows; r++)
         for (int64_t d = 0; d < hd; d++)
