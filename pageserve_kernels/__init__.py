@@ -14,8 +14,9 @@
     host_load.py        how many cores other processes took while we timed (busy timings are measured again)
     fused_choice.py     C kernel or PyTorch for each fused op, dtype and width, by choice.py
     prefill_choice.py   the C prefill kernel or PyTorch's SDPA for prompt chunks, per dtype and head shape, by choice.py
-    csrc/               the C sources of those kernels (package data; exp8_avx2.h, exp16_avx512.h, bf16_elem.h and
-                        values_avx512.h (P . V tiles) shared, decode_avx512.h the decode kernel's AVX-512 loops),
+    csrc/               the C sources of those kernels (package data; exp8_avx2.h, exp16_avx512.h, bf16_elem.h,
+                        values_avx512.h (P . V tiles) and attend_tiles.h (keys by slot, Q . K^T, online softmax)
+                        shared; decode_vec.h, decode_avx512.h and shared_prefix.h the decode kernel's loops),
                         and llama_layers.cpp (a torch operator class that runs a Llama step's layers over those
                         kernels: engine/worker/native_layers.py)
     native_build.py     compiles and caches the C kernels; PAGESERVE_NATIVE_KERNELS=0 turns them off

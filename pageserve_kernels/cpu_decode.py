@@ -20,7 +20,11 @@ variants (`VARIANTS`), each compiled in where the host has its instructions:
   avx512       sixteen tokens at a time (sixteen FMA chains) and one reduction tree for
                their sixteen scores; bfloat16 K widened by a shift and an and, each V row
                widened once for the whole GQA group (head sizes that are multiples of 32)
-  avx512_bf16  as avx512, the bfloat16 scores by AVX512-BF16's dot-product instruction
+  avx512_bf16  as avx512, the bfloat16 scores by AVX512-BF16's dot-product instruction; and
+               the leading blocks that every request of the batch shares (a common system
+               prompt the prefix cache keeps once) as tiles of 16 requests' rows at a time
+               (csrc/shared_prefix.h: keys transposed once per tile, an online softmax whose
+               state each request's own blocks then continue), from 8 requests up
 The K pass's prefetches run on into the V pass's first blocks.
 The variant is chosen once per dtype and shape by timing the ones that apply
 (pageserve_kernels/choice.py: cached per host; PAGESERVE_KERNEL_CHOICE=decode_attention=avx2

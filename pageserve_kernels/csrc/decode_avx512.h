@@ -90,15 +90,17 @@ INLINE void block_scores_512(const void* q, int64_t q_elem, const void* k, int64
     }
 }
 
-/* sc[0:S] = exp(sc - max); returns 1 / sum: paged_decode.c's softmax_row sixteen lanes wide (exp16 takes the
-   same steps as its exp8, lane for lane). */
-INLINE float softmax_row_512(float* sc, int64_t S) {
+/* sc[0:S] = exp(sc - m), m the largest of sc and `floor` (a maximum already seen: -INFINITY for none), put in
+   *m_out; returns the sum. paged_decode.c's softmax_row sixteen lanes wide (exp16 takes the same steps as its
+   exp8, lane for lane). */
+INLINE float softmax_row_512(float* sc, int64_t S, float floor, float* m_out) {
     const int64_t full = S / 16 * 16;
     const __mmask16 tail = (__mmask16)((1u << (S - full)) - 1u);
-    __m512 mv = _mm512_set1_ps(-INFINITY);
+    __m512 mv = _mm512_set1_ps(floor);
     for (int64_t s = 0; s < full; s += 16) mv = _mm512_max_ps(mv, _mm512_loadu_ps(sc + s));
     mv = _mm512_mask_max_ps(mv, tail, mv, _mm512_maskz_loadu_ps(tail, sc + full));
-    const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(mv));
+    *m_out = _mm512_reduce_max_ps(mv);
+    const __m512 m = _mm512_set1_ps(*m_out);
     __m512 sum = _mm512_setzero_ps();
     for (int64_t s = 0; s < full; s += 16) {
         const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(sc + s), m));
@@ -107,7 +109,7 @@ INLINE float softmax_row_512(float* sc, int64_t S) {
     }
     const __m512 e = _mm512_maskz_mov_ps(tail, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, sc + full), m)));
     _mm512_mask_storeu_ps(sc + full, tail, e);
-    return 1.f / _mm512_reduce_add_ps(_mm512_add_ps(sum, e));
+    return _mm512_reduce_add_ps(_mm512_add_ps(sum, e));
 }
 
 #endif

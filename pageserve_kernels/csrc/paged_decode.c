@@ -26,136 +26,12 @@ enum { DOT_F32 = 0, DOT_BF16_SPLIT = 1, DOT_BF16_DP = 2 };
 #endif
 #if HAVE_AVX512 && defined(__AVX512BF16__)
 #define HAVE_AVX512_BF16 1
+#include "shared_prefix.h" /* attend_shared_prefix: the blocks all requests share, as tiles of their rows */
 #else
 #define HAVE_AVX512_BF16 0
 #endif
 
-#if HAVE_AVX2
-INLINE __m256 load8(const void* p, int64_t i, int bf16) {
-    if (bf16) {
-        __m128i h = _mm_loadu_si128((const __m128i*)((const uint16_t*)p + i));
-        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-    }
-    return _mm256_loadu_ps((const float*)p + i);
-}
-
-/* Eight vectors -> one vector holding their eight horizontal sums, in order. */
-INLINE __m256 hsum8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, __m256 a5, __m256 a6, __m256 a7) {
-    __m256 s0123 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
-    __m256 s4567 = _mm256_hadd_ps(_mm256_hadd_ps(a4, a5), _mm256_hadd_ps(a6, a7));
-    return _mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20), _mm256_permute2f128_ps(s0123, s4567, 0x31));
-}
-
-#include "exp8_avx2.h"
-#endif
-
-/* scores[g, s0 + i] = qf[g] . K[token i of the block], i < n; `k` points at token 0, head h. */
-INLINE void block_scores(const float* qf, const void* k, int64_t tok_stride, int64_t n, int64_t grp,
-                         int64_t hd, float* scores, int64_t S, int64_t s0, int bf16, int vec) {
-    int64_t i = 0;
-#if HAVE_AVX2
-    if (vec && hd % 8 == 0) {
-        /* Eight tokens at a time: eight independent FMA chains hide the FMA latency. */
-        for (; i + 8 <= n; i += 8) {
-            for (int64_t g = 0; g < grp; g++) {
-                __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-                for (int64_t d = 0; d < hd; d += 8) {
-                    const __m256 qv = _mm256_loadu_ps(qf + g * hd + d);
-                    const int64_t o = i * tok_stride + d;
-                    a0 = _mm256_fmadd_ps(qv, load8(k, o, bf16), a0);
-                    a1 = _mm256_fmadd_ps(qv, load8(k, o + tok_stride, bf16), a1);
-                    a2 = _mm256_fmadd_ps(qv, load8(k, o + 2 * tok_stride, bf16), a2);
-                    a3 = _mm256_fmadd_ps(qv, load8(k, o + 3 * tok_stride, bf16), a3);
-                    a4 = _mm256_fmadd_ps(qv, load8(k, o + 4 * tok_stride, bf16), a4);
-                    a5 = _mm256_fmadd_ps(qv, load8(k, o + 5 * tok_stride, bf16), a5);
-                    a6 = _mm256_fmadd_ps(qv, load8(k, o + 6 * tok_stride, bf16), a6);
-                    a7 = _mm256_fmadd_ps(qv, load8(k, o + 7 * tok_stride, bf16), a7);
-                }
-                _mm256_storeu_ps(scores + g * S + s0 + i, hsum8(a0, a1, a2, a3, a4, a5, a6, a7));
-            }
-        }
-    }
-#endif
-    for (; i < n; i++) {
-        for (int64_t g = 0; g < grp; g++) {
-            float dot = 0.f;
-            for (int64_t d = 0; d < hd; d++) dot += qf[g * hd + d] * load1(k, i * tok_stride + d, bf16);
-            scores[g * S + s0 + i] = dot;
-        }
-    }
-}
-
-/* sc[0:S] = exp(sc - max); returns 1 / sum. */
-INLINE float softmax_row(float* sc, int64_t S, int vec) {
-    float m = sc[0];
-    int64_t s = 1;
-#if HAVE_AVX2
-    if (vec && S >= 8) { /* eight running maxima: the scalar loop is one 4-cycle dependency chain */
-        __m256 mv = _mm256_loadu_ps(sc);
-        for (s = 8; s + 8 <= S; s += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(sc + s));
-        float lanes[8];
-        _mm256_storeu_ps(lanes, mv);
-        for (int j = 0; j < 8; j++) m = lanes[j] > m ? lanes[j] : m;
-    }
-#endif
-    for (; s < S; s++) m = sc[s] > m ? sc[s] : m;
-    float sum = 0.f;
-    s = 0;
-#if HAVE_AVX2
-    if (vec) {
-        const __m256 mv = _mm256_set1_ps(m);
-        __m256 sv = _mm256_setzero_ps();
-        for (; s + 8 <= S; s += 8) {
-            const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sc + s), mv));
-            _mm256_storeu_ps(sc + s, e);
-            sv = _mm256_add_ps(sv, e);
-        }
-        float lanes[8];
-        _mm256_storeu_ps(lanes, sv);
-        for (int j = 0; j < 8; j++) sum += lanes[j];
-    }
-#endif
-    for (; s < S; s++) { sc[s] = expf(sc[s] - m); sum += sc[s]; }
-    return 1.f / sum;
-}
-
-/* acc[g] += sum_i p[g, s0 + i] * V[token i of the block], i < n; `v` points at token 0, head h. */
-INLINE void block_values(float* acc, const void* v, int64_t tok_stride, int64_t n, int64_t grp,
-                         int64_t hd, const float* scores, int64_t S, int64_t s0, int bf16, int vec) {
-    int64_t d0 = 0;
-#if HAVE_AVX2
-    /* 64 columns at a time stay in eight registers across the block's tokens. */
-    for (; vec && d0 + 64 <= hd; d0 += 64) {
-        for (int64_t g = 0; g < grp; g++) {
-            float* a = acc + g * hd + d0;
-            __m256 r0 = _mm256_loadu_ps(a), r1 = _mm256_loadu_ps(a + 8), r2 = _mm256_loadu_ps(a + 16),
-                   r3 = _mm256_loadu_ps(a + 24), r4 = _mm256_loadu_ps(a + 32), r5 = _mm256_loadu_ps(a + 40),
-                   r6 = _mm256_loadu_ps(a + 48), r7 = _mm256_loadu_ps(a + 56);
-            const float* p = scores + g * S + s0;
-            for (int64_t i = 0; i < n; i++) {
-                const __m256 pv = _mm256_set1_ps(p[i]);
-                const int64_t o = i * tok_stride + d0;
-                r0 = _mm256_fmadd_ps(pv, load8(v, o, bf16), r0);
-                r1 = _mm256_fmadd_ps(pv, load8(v, o + 8, bf16), r1);
-                r2 = _mm256_fmadd_ps(pv, load8(v, o + 16, bf16), r2);
-                r3 = _mm256_fmadd_ps(pv, load8(v, o + 24, bf16), r3);
-                r4 = _mm256_fmadd_ps(pv, load8(v, o + 32, bf16), r4);
-                r5 = _mm256_fmadd_ps(pv, load8(v, o + 40, bf16), r5);
-                r6 = _mm256_fmadd_ps(pv, load8(v, o + 48, bf16), r6);
-                r7 = _mm256_fmadd_ps(pv, load8(v, o + 56, bf16), r7);
-            }
-            _mm256_storeu_ps(a, r0); _mm256_storeu_ps(a + 8, r1); _mm256_storeu_ps(a + 16, r2);
-            _mm256_storeu_ps(a + 24, r3); _mm256_storeu_ps(a + 32, r4); _mm256_storeu_ps(a + 40, r5);
-            _mm256_storeu_ps(a + 48, r6); _mm256_storeu_ps(a + 56, r7);
-        }
-    }
-#endif
-    for (int64_t g = 0; g < grp; g++) {
-        const float* p = scores + g * S + s0;
-        for (int64_t i = 0; i < n; i++)
-            for (int64_t d = d0; d < hd; d++) acc[g * hd + d] += p[i] * load1(v, i * tok_stride + d, bf16);
-    }
-}
+#include "decode_vec.h" /* block_scores, softmax_row, block_values: the scalar and AVX2 loops */
 
 INLINE const void* at(const void* base, int64_t i, int bf16) {
     return bf16 ? (const void*)((const uint16_t*)base + i) : (const void*)((const float*)base + i);
@@ -186,6 +62,7 @@ typedef struct {
     int64_t grp, n_kv, hd, bs;   /* query heads per KV head, KV heads, head size, block size */
     int bf16;
     int64_t blocks;              /* blocks holding its S tokens */
+    int64_t first;               /* the first block read here (those before it: shared_prefix.h) */
     int64_t slice;               /* cache lines of a full block's prefetch asked for before each head */
 } Task;
 
@@ -217,7 +94,7 @@ INLINE void prefetch_next(const Task* t, const void* cache, const Task* then, co
     int64_t ahead = b + 2; /* the block after next */
     if (ahead >= t->blocks) {
         if (!then) return;
-        ahead -= t->blocks;
+        ahead += then->first - t->blocks;
         t = then, cache = then_cache;
     }
     if (ahead >= t->blocks) return;
@@ -237,7 +114,7 @@ INLINE void score_blocks(const Task* t, const float* qf, const void* kc, const v
     const int64_t q_elem = wide && mode == DOT_BF16_DP ? 2 : 4;
     const float post = wide && mode == DOT_BF16_DP ? scale : 1.f;
     (void)q_elem, (void)post; /* read by the AVX-512 loops only */
-    for (int64_t b = 0, s0 = 0; s0 < S; b++, s0 += t->bs) {
+    for (int64_t b = t->first, s0 = b * t->bs; s0 < S; b++, s0 += t->bs) {
         const int64_t n = S - s0 < t->bs ? S - s0 : t->bs, base = block_base(t, b);
         for (int64_t h = 0; h < t->nh; h++) {
             prefetch_next(t, kc, t, vc, b, h);
@@ -260,7 +137,7 @@ INLINE void weigh_values(const Task* t, const void* vc, const float* scores, flo
     const int64_t tok_stride = t->n_kv * t->hd, grp = t->grp, hd = t->hd, S = t->S;
     const int vec = isa >= ISA_AVX2, wide = isa >= ISA_AVX512;
     (void)wide; /* read by the AVX-512 loops only */
-    for (int64_t b = 0, s0 = 0; s0 < S; b++, s0 += t->bs) {
+    for (int64_t b = t->first, s0 = b * t->bs; s0 < S; b++, s0 += t->bs) {
         const int64_t n = S - s0 < t->bs ? S - s0 : t->bs, base = block_base(t, b);
         for (int64_t h = 0; h < t->nh; h++) {
             const void* v = at(vc, base + h * hd, t->bf16);
@@ -276,27 +153,49 @@ INLINE void weigh_values(const Task* t, const void* vc, const float* scores, flo
     }
 }
 
+#if !HAVE_AVX512_BF16
+typedef struct {
+    float *acc, *m, *l;
+} PrefixState; /* shared_prefix.h's, never filled without AVX512-BF16 */
+#endif
+
+/* One row's softmax over its n scores sc, continuing `prior`'s state for the row (index `at`) where given:
+   the shared blocks' maximum, sum and unnormalised output, which then start the row's acc. 1 / the sum. */
+INLINE float row_softmax(float* sc, int64_t n, float* acc, int64_t hd, const PrefixState* prior, int64_t at,
+                         int isa) {
+#if HAVE_AVX512
+    if (isa >= ISA_AVX512) {
+        const float m0 = prior ? prior->m[at] : -INFINITY;
+        float m, sum = softmax_row_512(sc, n, m0, &m);
+        if (prior) {
+            const float c = expf(m0 - m);
+            sum += prior->l[at] * c;
+            for (int64_t d = 0; d < hd; d++) acc[d] = prior->acc[at * hd + d] * c;
+        }
+        return 1.f / sum;
+    }
+#endif
+    (void)acc, (void)hd, (void)prior, (void)at; /* prior: AVX512-BF16 only */
+    return softmax_row(sc, n, isa >= ISA_AVX2);
+}
+
 /* One task t (a request's KV heads t->h0 ..: all of them unless the batch is too small to keep every
-   thread busy), block by block, so each block's heads are read as one contiguous run; `next` is the
-   task this thread takes after it (NULL: none), whose first K blocks the V pass's prefetches reach.
+   thread busy), block by block from t->first, so each block's heads are read as one contiguous run; `next`
+   is the task this thread takes after it (NULL: none), whose first K blocks the V pass's prefetches reach.
+   `prior`: the state after the blocks before t->first (request b's rows), or NULL when there are none.
    qf, acc: (grp * nh, hd) scratch; scores: (grp * nh, S) scratch. */
 INLINE void decode_task(const Task* t, const Task* next, const void* q, const void* kc, const void* vc, void* out,
-                        int64_t row, float scale, int64_t q_stride, float* qf, float* acc, float* scores, int isa) {
-    const int64_t grp = t->grp, hd = t->hd, S = t->S, rows = grp * t->nh;
+                        int64_t row, int64_t b, const PrefixState* prior, float scale, int64_t q_stride, float* qf,
+                        float* acc, float* scores, int isa) {
+    const int64_t grp = t->grp, hd = t->hd, S = t->S, rows = grp * t->nh, s_first = t->first * t->bs;
     const int bf16 = t->bf16, mode = !bf16 ? DOT_F32 : isa == ISA_AVX512_BF16 ? DOT_BF16_DP : DOT_BF16_SPLIT;
     prepare_query(q, row * q_stride + t->h0 * grp * hd, rows, hd, scale, qf, bf16, isa >= ISA_AVX512, mode);
     for (int64_t r = 0; r < rows * hd; r++) acc[r] = 0.f;
     score_blocks(t, qf, kc, vc, scores, scale, isa, mode);
     float inv_sum[rows];
-    for (int64_t r = 0; r < rows; r++) {
-#if HAVE_AVX512
-        if (isa >= ISA_AVX512) {
-            inv_sum[r] = softmax_row_512(scores + r * S, S);
-            continue;
-        }
-#endif
-        inv_sum[r] = softmax_row(scores + r * S, S, isa >= ISA_AVX2);
-    }
+    for (int64_t r = 0; r < rows; r++)
+        inv_sum[r] = row_softmax(scores + r * S + s_first, S - s_first, acc + r * hd, hd, prior,
+                                 b * t->n_kv * grp + t->h0 * grp + r, isa);
     weigh_values(t, vc, scores, acc, isa, next, kc);
     for (int64_t r = 0; r < rows; r++)
         for (int64_t d = 0; d < hd; d++)
@@ -305,9 +204,10 @@ INLINE void decode_task(const Task* t, const Task* next, const void* q, const vo
 
 /* Task i: request i / n_split, per_task KV heads from (i % n_split) * per_task. */
 INLINE Task task_at(int64_t i, const int64_t* tables, int64_t max_blocks, const int64_t* seq_lens, int64_t n_split,
-                    int64_t per_task, int64_t grp, int64_t n_kv, int64_t hd, int64_t bs, int bf16) {
+                    int64_t per_task, int64_t grp, int64_t n_kv, int64_t hd, int64_t bs, int bf16, int64_t first) {
     const int64_t b = i / n_split;
-    Task t = {tables + b * max_blocks, seq_lens[b], (i % n_split) * per_task, per_task, grp, n_kv, hd, bs, bf16, 0, 0};
+    Task t = {tables + b * max_blocks, seq_lens[b], (i % n_split) * per_task, per_task, grp, n_kv, hd, bs, bf16,
+              0, first, 0};
     t.blocks = (t.S + bs - 1) / bs;
     t.slice = (block_lines(&t, bs) + per_task - 1) / per_task;
     return t;
@@ -323,20 +223,34 @@ INLINE void decode_all(const void* q, const void* kc, const void* vc, void* out,
     const int64_t rows_per_task = grp * per_task, n_tasks = n_req * n_split;
     /* Tasks are handed out in order, one at a time as by schedule(dynamic, 1), but each thread claims
        its next task when it starts one, so that it knows where to prefetch past this one's end. */
-    int64_t claimed = 0;
+    int64_t claimed = 0, shared = 0;
+    PrefixState prior = {0};
+#if HAVE_AVX512_BF16
+    /* Blocks every request shares (a common system prompt) go first, as tiles of all requests' rows. */
+    if (bf16 && isa == ISA_AVX512_BF16) shared = shared_blocks(tables, max_blocks, seq_lens, n_req, bs);
+    if (shared) {
+        prior.acc = (float*)malloc(sizeof(float) * n_req * n_q * hd);
+        prior.m = (float*)malloc(sizeof(float) * n_req * n_q), prior.l = (float*)malloc(sizeof(float) * n_req * n_q);
+    }
+#endif
 #pragma omp parallel num_threads(nthreads)
     {
+#if HAVE_AVX512_BF16
+        if (shared)
+            attend_shared_prefix((const uint16_t*)q, q_stride, rows, (const uint16_t*)kc, (const uint16_t*)vc, tables,
+                                 shared, n_req, grp, n_kv, hd, bs, scale, &prior); /* all threads, then a barrier */
+#endif
         float* scores = (float*)malloc(sizeof(float) * rows_per_task * (max_seq > 0 ? max_seq : 1));
         float* qf = (float*)malloc(sizeof(float) * rows_per_task * hd);
         float* acc = (float*)malloc(sizeof(float) * rows_per_task * hd);
-#define TASK_AT(i) task_at(i, tables, max_blocks, seq_lens, n_split, per_task, grp, n_kv, hd, bs, bf16)
+#define TASK_AT(i) task_at(i, tables, max_blocks, seq_lens, n_split, per_task, grp, n_kv, hd, bs, bf16, shared)
         int64_t i = __atomic_fetch_add(&claimed, 1, __ATOMIC_RELAXED);
         Task t = i < n_tasks ? TASK_AT(i) : (Task){0};
         while (i < n_tasks) {
             const int64_t j = __atomic_fetch_add(&claimed, 1, __ATOMIC_RELAXED);
             const Task after = j < n_tasks ? TASK_AT(j) : t;
-            decode_task(&t, j < n_tasks ? &after : NULL, q, kc, vc, out, rows[i / n_split], scale, q_stride, qf, acc,
-                        scores, isa);
+            decode_task(&t, j < n_tasks ? &after : NULL, q, kc, vc, out, rows[i / n_split], i / n_split,
+                        shared ? &prior : NULL, scale, q_stride, qf, acc, scores, isa);
             i = j, t = after;
         }
 #undef TASK_AT
@@ -344,6 +258,7 @@ INLINE void decode_all(const void* q, const void* kc, const void* vc, void* out,
         free(qf);
         free(acc);
     }
+    free(prior.acc), free(prior.m), free(prior.l);
 }
 
 /* Bit i set: variant i is compiled in (and so runs on this host). */

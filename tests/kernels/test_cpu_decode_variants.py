@@ -123,3 +123,58 @@ def test_a_forced_variant_is_the_one_that_runs(monkeypatch: pytest.MonkeyPatch) 
     vectorised = [v for v in kernel.applicable(torch.float32, 64) if v != "scalar"]
     if vectorised:  # and not a vector variant's (whose float32 sums round differently somewhere)
         assert not torch.equal(out, _run(vectorised[-1], args))
+
+
+def _shared_prefix_batch(shared: int, lens: list[int], n_q: int, n_kv: int, hd: int, bs: int, dtype: torch.dtype,
+                         seed: int):
+    """_decode_batch's layout, but every request's first `shared` blocks are the same blocks (a common system
+    prompt kept once); a request shorter than them reads just its part."""
+    gen = torch.Generator().manual_seed(seed)
+    own = [max(0, -(-s // bs) - shared) for s in lens]
+    num_blocks = shared + sum(own) + 3
+    kc = torch.full((num_blocks, bs, n_kv, hd), float("nan"), dtype=dtype)
+    vc = torch.full_like(kc, float("nan"))
+    perm = torch.randperm(num_blocks, generator=gen).tolist()
+    common, used, tables = perm[:shared], shared, []
+    for p in range(shared * bs):
+        kc[common[p // bs], p % bs] = torch.randn(n_kv, hd, generator=gen).to(dtype)
+        vc[common[p // bs], p % bs] = torch.randn(n_kv, hd, generator=gen).to(dtype)
+    width = max(shared + n for n in own)
+    for n, s in zip(own, lens, strict=True):
+        table = common + perm[used : used + n]
+        used += n
+        for p in range(shared * bs, s):
+            kc[table[p // bs], p % bs] = torch.randn(n_kv, hd, generator=gen).to(dtype)
+            vc[table[p // bs], p % bs] = torch.randn(n_kv, hd, generator=gen).to(dtype)
+        tables.append(table + [0] * (width - len(table)))
+    fused = torch.randn(len(lens), n_q + n_kv, hd, generator=gen).to(dtype)
+    rows = torch.randperm(len(lens), generator=gen)  # decode rows anywhere in the step's query
+    return (fused[:, :n_q], kc, vc, rows, torch.tensor(tables, dtype=torch.int64),
+            torch.tensor(lens, dtype=torch.int64), max(lens), hd**-0.5)
+
+
+# (shared blocks, requests' lengths, shape): 8 requests (the fewest that share by tiles), 20 (a tile of 16 and
+# one of 4), blocks of 5; one request ending inside the shared blocks (only the blocks before its last token
+# are shared then), one whose last token opens the block after them.
+SHARED = [(4, [64 + 1 + 7 * i for i in range(8)], (9, 3, 64, 16)),
+          (3, [48 + 1 + 11 * i for i in range(19)] + [40], (9, 3, 64, 16)),
+          (9, [45 + 3 * i for i in range(8)] + [46, 200], (16, 2, 96, 5)),
+          (2, [33] * 12, (10, 2, 128, 16))]
+
+
+@pytest.mark.parametrize("variant", FAST)
+@pytest.mark.parametrize("case", SHARED, ids=lambda c: f"shared{c[0]}-requests{len(c[1])}-hd{c[2][2]}-bs{c[2][3]}")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_requests_sharing_their_first_blocks_match_the_scalar_loops(variant: str, case: tuple,
+                                                                   dtype: torch.dtype) -> None:
+    shared, lens, (n_q, n_kv, hd, bs) = case
+    args = _shared_prefix_batch(shared, lens, n_q, n_kv, hd, bs, dtype, seed=shared + len(lens))
+    got, spec = _run(variant, args), _run("scalar", args)
+    assert not got.isnan().any()
+    tol = {torch.float32: 2e-6, torch.bfloat16: 8e-3}[dtype]
+    torch.testing.assert_close(got.float(), spec.float(), atol=tol, rtol=tol)
+    query, kc, vc, rows, tables, seq_lens, _, scale = args
+    starts = torch.arange(len(lens) + 1, dtype=torch.int32)
+    # request b's query and output are row rows[b] of the step's
+    want = ref.paged_attention_ref(query[rows].contiguous(), kc, vc, tables.int(), starts, seq_lens.int(), scale)
+    torch.testing.assert_close(got[rows].float(), want.float(), atol=2e-2, rtol=2e-2)

@@ -1,0 +1,117 @@
+/* Decode attention over the blocks that every request of a batch shares (a common system prompt kept once by
+   the prefix cache), as tiles of many requests' query rows at once; paged_decode.c includes this file where
+   the build has AVX512-BF16, and finishes each request over its own blocks from the state left here.
+
+   Request by request, the shared keys are read (from the caches: they are shared) and multiplied once per
+   request, each token's score a horizontal sum of partial products. Here a tile of TILE_REQUESTS requests'
+   rows meets each block of 16 shared keys once: the keys transposed into bfloat16 pairs, Q . K^T by
+   _mm512_dpbf16_ps sixteen keys an instruction, the online softmax, and P . V in the six-row tiles of
+   values_avx512.h, as the prompt kernel does. What a row takes on from here is its running maximum m, the
+   sum l of exp(score - m) and the unnormalised output acc = sum exp(score - m) V; the request's own blocks
+   then extend the same softmax (paged_decode.c's decode_task). */
+#ifndef PAGESERVE_SHARED_PREFIX_H
+#define PAGESERVE_SHARED_PREFIX_H
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attend_tiles.h"
+#include "values_avx512.h"
+
+#define TILE_REQUESTS 16
+#define MIN_SHARING_REQUESTS 8 /* fewer rows than this make tiles no better than the requests' own loops */
+
+/* The softmax state of every (request, query head) row after the shared keys: acc (n_req * n_q, hd), m, l. */
+typedef struct {
+    float *acc, *m, *l;
+} PrefixState;
+
+/* Leading blocks of the batch's block tables that are the same blocks for every request, whole blocks
+   before each request's last token; 0 where too few requests share them for tiles to pay. */
+INLINE int64_t shared_blocks(const int64_t* tables, int64_t max_blocks, const int64_t* seq_lens, int64_t n_req,
+                             int64_t bs) {
+    if (n_req < MIN_SHARING_REQUESTS) return 0;
+    int64_t common = max_blocks;
+    for (int64_t b = 0; b < n_req; b++) {
+        const int64_t whole = (seq_lens[b] - 1) / bs; /* blocks wholly before the token being decoded */
+        common = whole < common ? whole : common;
+        for (int64_t k = 0; k < common; k++)
+            if (tables[b * max_blocks + k] != tables[k]) { common = k; break; }
+    }
+    return common * bs >= 32 ? common : 0;
+}
+
+/* Per-thread scratch of prefix_tile for rows query rows and head size hd. */
+typedef struct {
+    uint32_t* qb;           /* (rows, hd / 2) bfloat16 pairs of the queries */
+    float *o, *s, *mx, *sums; /* (rows, hd) outputs, (rows, 16) scores, (rows) maxima, (rows, 16) partial sums */
+    float *kt, *vs;         /* a block of keys transposed into pairs, its values widened: (hd / 2, 16), (16, hd) */
+} PrefixScratch;
+
+INLINE PrefixScratch prefix_scratch(int64_t rows, int64_t hd) {
+    PrefixScratch w = {(uint32_t*)aligned_alloc(64, sizeof(uint32_t) * rows * hd / 2),
+                       (float*)aligned_alloc(64, sizeof(float) * rows * hd),
+                       (float*)aligned_alloc(64, sizeof(float) * rows * 16), (float*)malloc(sizeof(float) * rows),
+                       (float*)malloc(sizeof(float) * rows * 16), (float*)aligned_alloc(64, sizeof(float) * hd * 16),
+                       (float*)aligned_alloc(64, sizeof(float) * hd * 16)};
+    return w;
+}
+
+INLINE void free_prefix_scratch(PrefixScratch* w) {
+    free(w->qb), free(w->o), free(w->s), free(w->mx), free(w->sums), free(w->kt), free(w->vs);
+}
+
+/* Requests b0 .. b1-1, KV head h, over the first `blocks` blocks of `table` (which all of them share):
+   row r = (b - b0) * grp + g is query head h * grp + g of request b, whose query is row rows_of[b] of q. */
+INLINE void prefix_tile(const uint16_t* q, int64_t q_stride, const int64_t* rows_of, const uint16_t* kc,
+                        const uint16_t* vc, const int64_t* table, int64_t blocks, int64_t b0, int64_t b1, int64_t h,
+                        int64_t grp, int64_t n_kv, int64_t hd, int64_t bs, float scale, PrefixScratch* w,
+                        PrefixState* state) {
+    const int64_t rows = (b1 - b0) * grp, pairs = hd / 2, n_q = n_kv * grp, keys = blocks * bs;
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t b = b0 + r / grp, g = r % grp;
+        memcpy(w->qb + r * pairs, q + rows_of[b] * q_stride + (h * grp + g) * hd, hd * sizeof(uint16_t));
+        memset(w->o + r * hd, 0, hd * sizeof(float));
+        w->mx[r] = -INFINITY;
+        memset(w->sums + 16 * r, 0, 16 * sizeof(float));
+    }
+    for (int64_t s0 = 0; s0 < keys; s0 += 16) {
+        const int64_t n = keys - s0 < 16 ? keys - s0 : 16;
+        int64_t slots[16], block = s0 / bs, offset = s0 % bs;
+        for (int64_t j = 0; j < n; j++) {
+            slots[j] = (table[block] * bs + offset) * n_kv + h;
+            if (++offset == bs) offset = 0, block++;
+        }
+        gather_block(kc, vc, slots, n, hd, w->kt, w->vs, 1, 1);
+        scores_dpbf16(rows, w->qb, pairs, (const uint32_t*)w->kt, scale, w->s);
+        for (int64_t r = 0; r < rows; r++) online_softmax(w->s + r * 16, n, w->mx + r, w->sums + 16 * r, w->o + r * hd, hd);
+        weigh_block_512(rows, w->s, 16, w->vs, hd, 0, n, w->o, hd);
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t at = (b0 + r / grp) * n_q + h * grp + r % grp;
+        float l = 0.f;
+        for (int j = 0; j < 16; j++) l += w->sums[16 * r + j];
+        memcpy(state->acc + at * hd, w->o + r * hd, hd * sizeof(float));
+        state->m[at] = w->mx[r], state->l[at] = l;
+    }
+}
+
+/* Every request's rows over the shared blocks, in tiles of TILE_REQUESTS requests a KV head, spread over the
+   threads of the enclosing parallel region (which wait for each other at its end). */
+INLINE void attend_shared_prefix(const uint16_t* q, int64_t q_stride, const int64_t* rows_of, const uint16_t* kc,
+                                 const uint16_t* vc, const int64_t* table, int64_t blocks, int64_t n_req,
+                                 int64_t grp, int64_t n_kv, int64_t hd, int64_t bs, float scale, PrefixState* state) {
+    PrefixScratch w = prefix_scratch(TILE_REQUESTS * grp, hd);
+    const int64_t tiles = (n_req + TILE_REQUESTS - 1) / TILE_REQUESTS;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < tiles * n_kv; i++) {
+        const int64_t b0 = i / n_kv * TILE_REQUESTS, h = i % n_kv;
+        const int64_t b1 = b0 + TILE_REQUESTS < n_req ? b0 + TILE_REQUESTS : n_req;
+        prefix_tile(q, q_stride, rows_of, kc, vc, table, blocks, b0, b1, h, grp, n_kv, hd, bs, scale, &w, state);
+    }
+    free_prefix_scratch(&w);
+}
+
+#endif
