@@ -223,12 +223,15 @@ INLINE void decode_all(const void* q, const void* kc, const void* vc, void* out,
     const int64_t rows_per_task = grp * per_task, n_tasks = n_req * n_split;
     /* Tasks are handed out in order, one at a time as by schedule(dynamic, 1), but each thread claims
        its next task when it starts one, so that it knows where to prefetch past this one's end. */
-    int64_t claimed = 0, shared = 0;
+    int64_t claimed = 0;
+    const int64_t* first = NULL; /* blocks of request b done by shared_prefix.h (NULL: none) */
     PrefixState prior = {0};
 #if HAVE_AVX512_BF16
-    /* Blocks every request shares (a common system prompt) go first, as tiles of all requests' rows. */
-    if (bf16 && isa == ISA_AVX512_BF16) shared = shared_blocks(tables, max_blocks, seq_lens, n_req, bs);
-    if (shared) {
+    /* Blocks that groups of requests share (a common system prompt) go first, as tiles of their rows. */
+    Sharing sharing = {0};
+    if (bf16 && isa == ISA_AVX512_BF16) sharing = plan_sharing(tables, max_blocks, seq_lens, n_req, bs);
+    if (sharing.tiles) {
+        first = sharing.first;
         prior.acc = (float*)malloc(sizeof(float) * n_req * n_q * hd);
         prior.m = (float*)malloc(sizeof(float) * n_req * n_q), prior.l = (float*)malloc(sizeof(float) * n_req * n_q);
     }
@@ -236,21 +239,22 @@ INLINE void decode_all(const void* q, const void* kc, const void* vc, void* out,
 #pragma omp parallel num_threads(nthreads)
     {
 #if HAVE_AVX512_BF16
-        if (shared)
+        if (sharing.tiles) /* all threads, then a barrier */
             attend_shared_prefix((const uint16_t*)q, q_stride, rows, (const uint16_t*)kc, (const uint16_t*)vc, tables,
-                                 shared, n_req, grp, n_kv, hd, bs, scale, &prior); /* all threads, then a barrier */
+                                 max_blocks, &sharing, grp, n_kv, hd, bs, scale, &prior);
 #endif
         float* scores = (float*)malloc(sizeof(float) * rows_per_task * (max_seq > 0 ? max_seq : 1));
         float* qf = (float*)malloc(sizeof(float) * rows_per_task * hd);
         float* acc = (float*)malloc(sizeof(float) * rows_per_task * hd);
-#define TASK_AT(i) task_at(i, tables, max_blocks, seq_lens, n_split, per_task, grp, n_kv, hd, bs, bf16, shared)
+#define TASK_AT(i) task_at(i, tables, max_blocks, seq_lens, n_split, per_task, grp, n_kv, hd, bs, bf16, \
+                           first ? first[(i) / n_split] : 0)
         int64_t i = __atomic_fetch_add(&claimed, 1, __ATOMIC_RELAXED);
         Task t = i < n_tasks ? TASK_AT(i) : (Task){0};
         while (i < n_tasks) {
             const int64_t j = __atomic_fetch_add(&claimed, 1, __ATOMIC_RELAXED);
             const Task after = j < n_tasks ? TASK_AT(j) : t;
             decode_task(&t, j < n_tasks ? &after : NULL, q, kc, vc, out, rows[i / n_split], i / n_split,
-                        shared ? &prior : NULL, scale, q_stride, qf, acc, scores, isa);
+                        first && first[i / n_split] ? &prior : NULL, scale, q_stride, qf, acc, scores, isa);
             i = j, t = after;
         }
 #undef TASK_AT
@@ -259,6 +263,9 @@ INLINE void decode_all(const void* q, const void* kc, const void* vc, void* out,
         free(acc);
     }
     free(prior.acc), free(prior.m), free(prior.l);
+#if HAVE_AVX512_BF16
+    if (bf16 && isa == ISA_AVX512_BF16) free_sharing(&sharing);
+#endif
 }
 
 /* Bit i set: variant i is compiled in (and so runs on this host). */

@@ -1,6 +1,7 @@
-/* Decode attention over the blocks that every request of a batch shares (a common system prompt kept once by
-   the prefix cache), as tiles of many requests' query rows at once; paged_decode.c includes this file where
-   the build has AVX512-BF16, and finishes each request over its own blocks from the state left here.
+/* Decode attention over the leading blocks that requests of a batch share (a common system prompt kept once
+   by the prefix cache: one group of requests per prompt), as tiles of many requests' query rows at once;
+   paged_decode.c includes this file where the build has AVX512-BF16, and finishes each request over its own
+   blocks from the state left here.
 
    Request by request, the shared keys are read (from the caches: they are shared) and multiplied once per
    request, each token's score a horizontal sum of partial products. Here a tile of TILE_REQUESTS requests'
@@ -21,27 +22,67 @@
 #include "values_avx512.h"
 
 #define TILE_REQUESTS 16
-#define MIN_SHARING_REQUESTS 8 /* fewer rows than this make tiles no better than the requests' own loops */
+#define MIN_SHARING_REQUESTS 8 /* fewer requests than this make tiles no better than their own loops */
 
 /* The softmax state of every (request, query head) row after the shared keys: acc (n_req * n_q, hd), m, l. */
 typedef struct {
     float *acc, *m, *l;
 } PrefixState;
 
-/* Leading blocks of the batch's block tables that are the same blocks for every request, whole blocks
-   before each request's last token; 0 where too few requests share them for tiles to pay. */
-INLINE int64_t shared_blocks(const int64_t* tables, int64_t max_blocks, const int64_t* seq_lens, int64_t n_req,
-                             int64_t bs) {
-    if (n_req < MIN_SHARING_REQUESTS) return 0;
-    int64_t common = max_blocks;
-    for (int64_t b = 0; b < n_req; b++) {
-        const int64_t whole = (seq_lens[b] - 1) / bs; /* blocks wholly before the token being decoded */
-        common = whole < common ? whole : common;
-        for (int64_t k = 0; k < common; k++)
-            if (tables[b * max_blocks + k] != tables[k]) { common = k; break; }
-    }
-    return common * bs >= 32 ? common : 0;
+/* Which requests share which blocks: requests grouped by their first block, in `order`; a group of at least
+   MIN_SHARING_REQUESTS whose tables begin with the same blocks (whole blocks before each one's last token,
+   32 tokens or more) is cut into tiles of TILE_REQUESTS; first[b], the blocks request b takes from its
+   tile (0: none). */
+typedef struct {
+    int64_t *order, *first;        /* (n_req) each */
+    int64_t *tile_from, *tile_to;  /* tile i: requests order[tile_from[i] .. tile_to[i] - 1] */
+    int64_t tiles;
+} Sharing;
+
+/* (first block, request) pairs, by block then request. */
+static int by_first_block(const void* a, const void* b) {
+    const int64_t *x = (const int64_t*)a, *y = (const int64_t*)b;
+    return x[0] != y[0] ? (x[0] < y[0] ? -1 : 1) : x[1] < y[1] ? -1 : x[1] > y[1];
 }
+
+/* The blocks that requests order[i .. j-1] all begin with, whole blocks before each one's last token. */
+INLINE int64_t common_blocks(const int64_t* order, int64_t i, int64_t j, const int64_t* tables, int64_t max_blocks,
+                             const int64_t* seq_lens, int64_t bs) {
+    const int64_t* lead = tables + order[i] * max_blocks;
+    int64_t common = max_blocks;
+    for (int64_t k = i; k < j; k++) {
+        const int64_t b = order[k], whole = (seq_lens[b] - 1) / bs;
+        common = whole < common ? whole : common;
+        for (int64_t c = 0; c < common; c++)
+            if (tables[b * max_blocks + c] != lead[c]) { common = c; break; }
+    }
+    return common;
+}
+
+INLINE Sharing plan_sharing(const int64_t* tables, int64_t max_blocks, const int64_t* seq_lens, int64_t n_req,
+                            int64_t bs) {
+    Sharing p = {(int64_t*)malloc(sizeof(int64_t) * n_req), (int64_t*)calloc(n_req, sizeof(int64_t)),
+                 (int64_t*)malloc(sizeof(int64_t) * n_req), (int64_t*)malloc(sizeof(int64_t) * n_req), 0};
+    if (n_req < MIN_SHARING_REQUESTS) return p;
+    int64_t* keyed = (int64_t*)malloc(sizeof(int64_t) * 2 * n_req);
+    for (int64_t b = 0; b < n_req; b++) keyed[2 * b] = tables[b * max_blocks], keyed[2 * b + 1] = b;
+    qsort(keyed, n_req, 2 * sizeof(int64_t), by_first_block);
+    for (int64_t k = 0; k < n_req; k++) p.order[k] = keyed[2 * k + 1];
+    free(keyed);
+    for (int64_t i = 0, j; i < n_req; i = j) {
+        const int64_t block = tables[p.order[i] * max_blocks];
+        for (j = i + 1; j < n_req && tables[p.order[j] * max_blocks] == block; j++) {}
+        const int64_t common = j - i >= MIN_SHARING_REQUESTS ? common_blocks(p.order, i, j, tables, max_blocks,
+                                                                              seq_lens, bs) : 0;
+        if (common * bs < 32) continue;
+        for (int64_t k = i; k < j; k++) p.first[p.order[k]] = common;
+        for (int64_t k = i; k < j; k += TILE_REQUESTS, p.tiles++)
+            p.tile_from[p.tiles] = k, p.tile_to[p.tiles] = k + TILE_REQUESTS < j ? k + TILE_REQUESTS : j;
+    }
+    return p;
+}
+
+INLINE void free_sharing(Sharing* p) { free(p->order), free(p->first), free(p->tile_from), free(p->tile_to); }
 
 /* Per-thread scratch of prefix_tile for rows query rows and head size hd. */
 typedef struct {
@@ -63,15 +104,15 @@ INLINE void free_prefix_scratch(PrefixScratch* w) {
     free(w->qb), free(w->o), free(w->s), free(w->mx), free(w->sums), free(w->kt), free(w->vs);
 }
 
-/* Requests b0 .. b1-1, KV head h, over the first `blocks` blocks of `table` (which all of them share):
-   row r = (b - b0) * grp + g is query head h * grp + g of request b, whose query is row rows_of[b] of q. */
+/* Requests tile[0 .. count-1], KV head h, over the first `blocks` blocks of `table` (which all of them
+   share): row r = k * grp + g is query head h * grp + g of request tile[k], whose query is row rows_of[b]. */
 INLINE void prefix_tile(const uint16_t* q, int64_t q_stride, const int64_t* rows_of, const uint16_t* kc,
-                        const uint16_t* vc, const int64_t* table, int64_t blocks, int64_t b0, int64_t b1, int64_t h,
-                        int64_t grp, int64_t n_kv, int64_t hd, int64_t bs, float scale, PrefixScratch* w,
+                        const uint16_t* vc, const int64_t* table, int64_t blocks, const int64_t* tile, int64_t count,
+                        int64_t h, int64_t grp, int64_t n_kv, int64_t hd, int64_t bs, float scale, PrefixScratch* w,
                         PrefixState* state) {
-    const int64_t rows = (b1 - b0) * grp, pairs = hd / 2, n_q = n_kv * grp, keys = blocks * bs;
+    const int64_t rows = count * grp, pairs = hd / 2, n_q = n_kv * grp, keys = blocks * bs;
     for (int64_t r = 0; r < rows; r++) {
-        const int64_t b = b0 + r / grp, g = r % grp;
+        const int64_t b = tile[r / grp], g = r % grp;
         memcpy(w->qb + r * pairs, q + rows_of[b] * q_stride + (h * grp + g) * hd, hd * sizeof(uint16_t));
         memset(w->o + r * hd, 0, hd * sizeof(float));
         w->mx[r] = -INFINITY;
@@ -90,7 +131,7 @@ INLINE void prefix_tile(const uint16_t* q, int64_t q_stride, const int64_t* rows
         weigh_block_512(rows, w->s, 16, w->vs, hd, 0, n, w->o, hd);
     }
     for (int64_t r = 0; r < rows; r++) {
-        const int64_t at = (b0 + r / grp) * n_q + h * grp + r % grp;
+        const int64_t at = tile[r / grp] * n_q + h * grp + r % grp;
         float l = 0.f;
         for (int j = 0; j < 16; j++) l += w->sums[16 * r + j];
         memcpy(state->acc + at * hd, w->o + r * hd, hd * sizeof(float));
@@ -98,18 +139,19 @@ INLINE void prefix_tile(const uint16_t* q, int64_t q_stride, const int64_t* rows
     }
 }
 
-/* Every request's rows over the shared blocks, in tiles of TILE_REQUESTS requests a KV head, spread over the
+/* The rows of every tile of `sharing` over its shared blocks, a task a tile and KV head, spread over the
    threads of the enclosing parallel region (which wait for each other at its end). */
 INLINE void attend_shared_prefix(const uint16_t* q, int64_t q_stride, const int64_t* rows_of, const uint16_t* kc,
-                                 const uint16_t* vc, const int64_t* table, int64_t blocks, int64_t n_req,
-                                 int64_t grp, int64_t n_kv, int64_t hd, int64_t bs, float scale, PrefixState* state) {
+                                 const uint16_t* vc, const int64_t* tables, int64_t max_blocks,
+                                 const Sharing* sharing, int64_t grp, int64_t n_kv, int64_t hd, int64_t bs,
+                                 float scale, PrefixState* state) {
     PrefixScratch w = prefix_scratch(TILE_REQUESTS * grp, hd);
-    const int64_t tiles = (n_req + TILE_REQUESTS - 1) / TILE_REQUESTS;
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t i = 0; i < tiles * n_kv; i++) {
-        const int64_t b0 = i / n_kv * TILE_REQUESTS, h = i % n_kv;
-        const int64_t b1 = b0 + TILE_REQUESTS < n_req ? b0 + TILE_REQUESTS : n_req;
-        prefix_tile(q, q_stride, rows_of, kc, vc, table, blocks, b0, b1, h, grp, n_kv, hd, bs, scale, &w, state);
+    for (int64_t i = 0; i < sharing->tiles * n_kv; i++) {
+        const int64_t from = sharing->tile_from[i / n_kv], count = sharing->tile_to[i / n_kv] - from;
+        const int64_t* tile = sharing->order + from;
+        prefix_tile(q, q_stride, rows_of, kc, vc, tables + tile[0] * max_blocks, sharing->first[tile[0]], tile, count,
+                    i % n_kv, grp, n_kv, hd, bs, scale, &w, state);
     }
     free_prefix_scratch(&w);
 }

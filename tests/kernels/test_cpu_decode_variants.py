@@ -125,56 +125,69 @@ def test_a_forced_variant_is_the_one_that_runs(monkeypatch: pytest.MonkeyPatch) 
         assert not torch.equal(out, _run(vectorised[-1], args))
 
 
-def _shared_prefix_batch(shared: int, lens: list[int], n_q: int, n_kv: int, hd: int, bs: int, dtype: torch.dtype,
-                         seed: int):
-    """_decode_batch's layout, but every request's first `shared` blocks are the same blocks (a common system
-    prompt kept once); a request shorter than them reads just its part."""
+def _shared_prefix_batch(groups: list[tuple[int, list[int]]], n_q: int, n_kv: int, hd: int, bs: int,
+                         dtype: torch.dtype, seed: int):
+    """_decode_batch's layout, but each group's requests begin with the same `shared` blocks (a system prompt
+    kept once; 0: requests of their own), a request shorter than them reading just its part; requests of all
+    groups interleaved, their decode rows anywhere in the step's query."""
     gen = torch.Generator().manual_seed(seed)
-    own = [max(0, -(-s // bs) - shared) for s in lens]
-    num_blocks = shared + sum(own) + 3
+    lens = [s for _, group in groups for s in group]
+    own = [max(0, -(-s // bs) - shared) for shared, group in groups for s in group]
+    num_blocks = sum(shared for shared, _ in groups) + sum(own) + 3
     kc = torch.full((num_blocks, bs, n_kv, hd), float("nan"), dtype=dtype)
     vc = torch.full_like(kc, float("nan"))
-    perm = torch.randperm(num_blocks, generator=gen).tolist()
-    common, used, tables = perm[:shared], shared, []
-    for p in range(shared * bs):
-        kc[common[p // bs], p % bs] = torch.randn(n_kv, hd, generator=gen).to(dtype)
-        vc[common[p // bs], p % bs] = torch.randn(n_kv, hd, generator=gen).to(dtype)
-    width = max(shared + n for n in own)
-    for n, s in zip(own, lens, strict=True):
-        table = common + perm[used : used + n]
-        used += n
-        for p in range(shared * bs, s):
+    perm, used, tables = torch.randperm(num_blocks, generator=gen).tolist(), 0, []
+
+    def fill(table: list[int], positions: range) -> None:
+        for p in positions:
             kc[table[p // bs], p % bs] = torch.randn(n_kv, hd, generator=gen).to(dtype)
             vc[table[p // bs], p % bs] = torch.randn(n_kv, hd, generator=gen).to(dtype)
-        tables.append(table + [0] * (width - len(table)))
+
+    for shared, group in groups:
+        common = perm[used : used + shared]
+        used += shared
+        fill(common, range(shared * bs))
+        for s in group:
+            n = max(0, -(-s // bs) - shared)
+            table = common + perm[used : used + n]
+            used += n
+            fill(table, range(shared * bs, s))
+            tables.append(table)
+    order = torch.randperm(len(lens), generator=gen).tolist()  # the groups' requests interleaved
+    width = max(len(t) for t in tables)
+    tables = [tables[i] + [0] * (width - len(tables[i])) for i in order]
     fused = torch.randn(len(lens), n_q + n_kv, hd, generator=gen).to(dtype)
-    rows = torch.randperm(len(lens), generator=gen)  # decode rows anywhere in the step's query
+    rows = torch.randperm(len(lens), generator=gen)
     return (fused[:, :n_q], kc, vc, rows, torch.tensor(tables, dtype=torch.int64),
-            torch.tensor(lens, dtype=torch.int64), max(lens), hd**-0.5)
+            torch.tensor([lens[i] for i in order], dtype=torch.int64), max(lens), hd**-0.5)
 
 
-# (shared blocks, requests' lengths, shape): 8 requests (the fewest that share by tiles), 20 (a tile of 16 and
-# one of 4), blocks of 5; one request ending inside the shared blocks (only the blocks before its last token
-# are shared then), one whose last token opens the block after them.
-SHARED = [(4, [64 + 1 + 7 * i for i in range(8)], (9, 3, 64, 16)),
-          (3, [48 + 1 + 11 * i for i in range(19)] + [40], (9, 3, 64, 16)),
-          (9, [45 + 3 * i for i in range(8)] + [46, 200], (16, 2, 96, 5)),
-          (2, [33] * 12, (10, 2, 128, 16))]
+# (groups of (shared blocks, requests' lengths), shape): 8 requests (the fewest that share by tiles); 20 (a
+# tile of 16 and one of 4), one of them ending inside the shared blocks (only the blocks before its last
+# token are shared then); blocks of 5, one request whose last token opens the block after them; two
+# prompts' groups beside requests of their own and a group of 7 (too few to share).
+SHARED = [([(4, [64 + 1 + 7 * i for i in range(8)])], (9, 3, 64, 16)),
+          ([(3, [48 + 1 + 11 * i for i in range(19)] + [40])], (9, 3, 64, 16)),
+          ([(9, [45 + 3 * i for i in range(8)] + [46, 200])], (16, 2, 96, 5)),
+          ([(2, [33] * 12)], (10, 2, 128, 16)),
+          ([(3, [50 + i for i in range(9)]), (5, [81 + 5 * i for i in range(10)]), (0, [20, 70, 3]),
+            (4, [65 + i for i in range(7)])], (9, 3, 64, 16))]
 
 
 @pytest.mark.parametrize("variant", FAST)
-@pytest.mark.parametrize("case", SHARED, ids=lambda c: f"shared{c[0]}-requests{len(c[1])}-hd{c[2][2]}-bs{c[2][3]}")
+@pytest.mark.parametrize("case", SHARED, ids=lambda c: "groups" + "-".join(f"{s}x{len(g)}" for s, g in c[0]) +
+                         "-hd{}-bs{}".format(*c[1][2:]))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_requests_sharing_their_first_blocks_match_the_scalar_loops(variant: str, case: tuple,
                                                                    dtype: torch.dtype) -> None:
-    shared, lens, (n_q, n_kv, hd, bs) = case
-    args = _shared_prefix_batch(shared, lens, n_q, n_kv, hd, bs, dtype, seed=shared + len(lens))
+    groups, (n_q, n_kv, hd, bs) = case
+    args = _shared_prefix_batch(groups, n_q, n_kv, hd, bs, dtype, seed=len(groups) + hd + bs)
     got, spec = _run(variant, args), _run("scalar", args)
     assert not got.isnan().any()
     tol = {torch.float32: 2e-6, torch.bfloat16: 8e-3}[dtype]
     torch.testing.assert_close(got.float(), spec.float(), atol=tol, rtol=tol)
     query, kc, vc, rows, tables, seq_lens, _, scale = args
-    starts = torch.arange(len(lens) + 1, dtype=torch.int32)
+    starts = torch.arange(len(seq_lens) + 1, dtype=torch.int32)
     # request b's query and output are row rows[b] of the step's
     want = ref.paged_attention_ref(query[rows].contiguous(), kc, vc, tables.int(), starts, seq_lens.int(), scale)
     torch.testing.assert_close(got[rows].float(), want.float(), atol=2e-2, rtol=2e-2)
