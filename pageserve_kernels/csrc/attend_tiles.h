@@ -67,18 +67,20 @@ INLINE void online_softmax(float *restrict sr, int64_t seen, float *restrict mx,
 #endif
 }
 
+#define DP_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
+#if defined(__AVX512F__)
+#define DP_DECL(i) __m512 a##i = _mm512_setzero_ps();
+#endif
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
 #define HAVE_DPBF16 1
 /* s[r][0:16] = scale * sum_p qb[r][p] . kt2[p], r < rows: pairs of bfloat16 (p < pairs) multiplied
    and summed in float32 by AVX512-BF16's dot product, sixteen keys per instruction; eight rows at a
    time keep eight independent accumulation chains in flight. */
-#define DP_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
 static void scores_dpbf16(int64_t rows, const uint32_t *restrict qb, int64_t pairs, const uint32_t *restrict kt2,
                           float scale, float *restrict s) {
     const __m512 sc = _mm512_set1_ps(scale);
     int64_t r = 0;
     for (; r + 8 <= rows; r += 8) {
-#define DP_DECL(i) __m512 a##i = _mm512_setzero_ps();
         DP_ROWS(DP_DECL)
         for (int64_t p = 0; p < pairs; p++) {
             const __m512bh k = (__m512bh)_mm512_loadu_si512(kt2 + p * 16);
@@ -101,6 +103,28 @@ static void scores_dpbf16(int64_t rows, const uint32_t *restrict qb, int64_t pai
 #endif
 
 #if defined(__AVX512F__)
+/* s[r][0:16] = sum_d qs[r][d] kt[d][0:16], r < rows: float32 queries (scaled) against keys transposed
+   (kt, hd x 16), one FMA of sixteen keys a value; eight rows at a time, eight accumulation chains. */
+INLINE void scores_f32_512(int64_t rows, const float *restrict qs, int64_t hd, const float *restrict kt,
+                           float *restrict s) {
+    int64_t r = 0;
+    for (; r + 8 <= rows; r += 8) {
+        DP_ROWS(DP_DECL)
+        for (int64_t d = 0; d < hd; d++) {
+            const __m512 k = _mm512_loadu_ps(kt + d * 16);
+#define F32_FMA(i) a##i = _mm512_fmadd_ps(_mm512_set1_ps(qs[(r + i) * hd + d]), k, a##i);
+            DP_ROWS(F32_FMA)
+        }
+#define F32_STORE(i) _mm512_storeu_ps(s + (r + i) * 16, a##i);
+        DP_ROWS(F32_STORE)
+    }
+    for (; r < rows; r++) {
+        __m512 a = _mm512_setzero_ps();
+        for (int64_t d = 0; d < hd; d++) a = _mm512_fmadd_ps(_mm512_set1_ps(qs[r * hd + d]), _mm512_loadu_ps(kt + d * 16), a);
+        _mm512_storeu_ps(s + r * 16, a);
+    }
+}
+
 /* r[i] becomes column i of the 16 x 16 matrix of 32-bit values whose rows r held. */
 INLINE void transpose16x16(__m512i r[16]) {
     __m512i t[16];

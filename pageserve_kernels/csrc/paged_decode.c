@@ -21,12 +21,12 @@ enum { DOT_F32 = 0, DOT_BF16_SPLIT = 1, DOT_BF16_DP = 2 };
 #if HAVE_AVX2 && defined(__AVX512F__) && defined(__AVX512BW__)
 #define HAVE_AVX512 1
 #include "decode_avx512.h"
+#include "shared_prefix.h" /* attend_shared_prefix: blocks groups of requests share, as tiles of their rows */
 #else
 #define HAVE_AVX512 0
 #endif
 #if HAVE_AVX512 && defined(__AVX512BF16__)
 #define HAVE_AVX512_BF16 1
-#include "shared_prefix.h" /* attend_shared_prefix: the blocks all requests share, as tiles of their rows */
 #else
 #define HAVE_AVX512_BF16 0
 #endif
@@ -153,10 +153,10 @@ INLINE void weigh_values(const Task* t, const void* vc, const float* scores, flo
     }
 }
 
-#if !HAVE_AVX512_BF16
+#if !HAVE_AVX512
 typedef struct {
     float *acc, *m, *l;
-} PrefixState; /* shared_prefix.h's, never filled without AVX512-BF16 */
+} PrefixState; /* shared_prefix.h's, never filled without AVX-512 */
 #endif
 
 /* One row's softmax over its n scores sc, continuing `prior`'s state for the row (index `at`) where given:
@@ -175,7 +175,7 @@ INLINE float row_softmax(float* sc, int64_t n, float* acc, int64_t hd, const Pre
         return 1.f / sum;
     }
 #endif
-    (void)acc, (void)hd, (void)prior, (void)at; /* prior: AVX512-BF16 only */
+    (void)acc, (void)hd, (void)prior, (void)at; /* prior: AVX-512 only */
     return softmax_row(sc, n, isa >= ISA_AVX2);
 }
 
@@ -226,10 +226,10 @@ INLINE void decode_all(const void* q, const void* kc, const void* vc, void* out,
     int64_t claimed = 0;
     const int64_t* first = NULL; /* blocks of request b done by shared_prefix.h (NULL: none) */
     PrefixState prior = {0};
-#if HAVE_AVX512_BF16
+#if HAVE_AVX512
     /* Blocks that groups of requests share (a common system prompt) go first, as tiles of their rows. */
     Sharing sharing = {0};
-    if (bf16 && isa == ISA_AVX512_BF16) sharing = plan_sharing(tables, max_blocks, seq_lens, n_req, bs);
+    if (isa >= ISA_AVX512) sharing = plan_sharing(tables, max_blocks, seq_lens, n_req, bs);
     if (sharing.tiles) {
         first = sharing.first;
         prior.acc = (float*)malloc(sizeof(float) * n_req * n_q * hd);
@@ -238,10 +238,10 @@ INLINE void decode_all(const void* q, const void* kc, const void* vc, void* out,
 #endif
 #pragma omp parallel num_threads(nthreads)
     {
-#if HAVE_AVX512_BF16
+#if HAVE_AVX512
         if (sharing.tiles) /* all threads, then a barrier */
-            attend_shared_prefix((const uint16_t*)q, q_stride, rows, (const uint16_t*)kc, (const uint16_t*)vc, tables,
-                                 max_blocks, &sharing, grp, n_kv, hd, bs, scale, &prior);
+            attend_shared_prefix(q, q_stride, rows, kc, vc, tables, max_blocks, &sharing, grp, n_kv, hd, bs, scale,
+                                 &prior, bf16, isa == ISA_AVX512_BF16);
 #endif
         float* scores = (float*)malloc(sizeof(float) * rows_per_task * (max_seq > 0 ? max_seq : 1));
         float* qf = (float*)malloc(sizeof(float) * rows_per_task * hd);
@@ -263,8 +263,8 @@ INLINE void decode_all(const void* q, const void* kc, const void* vc, void* out,
         free(acc);
     }
     free(prior.acc), free(prior.m), free(prior.l);
-#if HAVE_AVX512_BF16
-    if (bf16 && isa == ISA_AVX512_BF16) free_sharing(&sharing);
+#if HAVE_AVX512
+    if (isa >= ISA_AVX512) free_sharing(&sharing);
 #endif
 }
 

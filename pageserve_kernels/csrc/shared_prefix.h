@@ -1,12 +1,13 @@
 /* Decode attention over the leading blocks that requests of a batch share (a common system prompt kept once
    by the prefix cache: one group of requests per prompt), as tiles of many requests' query rows at once;
-   paged_decode.c includes this file where the build has AVX512-BF16, and finishes each request over its own
+   paged_decode.c includes this file where the build has AVX-512, and finishes each request over its own
    blocks from the state left here.
 
    Request by request, the shared keys are read (from the caches: they are shared) and multiplied once per
    request, each token's score a horizontal sum of partial products. Here a tile of TILE_REQUESTS requests'
-   rows meets each block of 16 shared keys once: the keys transposed into bfloat16 pairs, Q . K^T by
-   _mm512_dpbf16_ps sixteen keys an instruction, the online softmax, and P . V in the six-row tiles of
+   rows meets each block of 16 shared keys once: the keys transposed (bfloat16 pairs for AVX512-BF16's
+   _mm512_dpbf16_ps, else float32), Q . K^T sixteen keys an instruction, the online softmax, and P . V in
+   the six-row tiles of
    values_avx512.h, as the prompt kernel does. What a row takes on from here is its running maximum m, the
    sum l of exp(score - m) and the unnormalised output acc = sum exp(score - m) V; the request's own blocks
    then extend the same softmax (paged_decode.c's decode_task). */
@@ -86,13 +87,13 @@ INLINE void free_sharing(Sharing* p) { free(p->order), free(p->first), free(p->t
 
 /* Per-thread scratch of prefix_tile for rows query rows and head size hd. */
 typedef struct {
-    uint32_t* qb;           /* (rows, hd / 2) bfloat16 pairs of the queries */
+    float* qs;              /* (rows, hd) the queries: float32 (scaled), or (dp) bfloat16 pairs */
     float *o, *s, *mx, *sums; /* (rows, hd) outputs, (rows, 16) scores, (rows) maxima, (rows, 16) partial sums */
     float *kt, *vs;         /* a block of keys transposed into pairs, its values widened: (hd / 2, 16), (16, hd) */
 } PrefixScratch;
 
 INLINE PrefixScratch prefix_scratch(int64_t rows, int64_t hd) {
-    PrefixScratch w = {(uint32_t*)aligned_alloc(64, sizeof(uint32_t) * rows * hd / 2),
+    PrefixScratch w = {(float*)aligned_alloc(64, sizeof(float) * rows * hd),
                        (float*)aligned_alloc(64, sizeof(float) * rows * hd),
                        (float*)aligned_alloc(64, sizeof(float) * rows * 16), (float*)malloc(sizeof(float) * rows),
                        (float*)malloc(sizeof(float) * rows * 16), (float*)aligned_alloc(64, sizeof(float) * hd * 16),
@@ -101,19 +102,21 @@ INLINE PrefixScratch prefix_scratch(int64_t rows, int64_t hd) {
 }
 
 INLINE void free_prefix_scratch(PrefixScratch* w) {
-    free(w->qb), free(w->o), free(w->s), free(w->mx), free(w->sums), free(w->kt), free(w->vs);
+    free(w->qs), free(w->o), free(w->s), free(w->mx), free(w->sums), free(w->kt), free(w->vs);
 }
 
 /* Requests tile[0 .. count-1], KV head h, over the first `blocks` blocks of `table` (which all of them
-   share): row r = k * grp + g is query head h * grp + g of request tile[k], whose query is row rows_of[b]. */
-INLINE void prefix_tile(const uint16_t* q, int64_t q_stride, const int64_t* rows_of, const uint16_t* kc,
-                        const uint16_t* vc, const int64_t* table, int64_t blocks, const int64_t* tile, int64_t count,
-                        int64_t h, int64_t grp, int64_t n_kv, int64_t hd, int64_t bs, float scale, PrefixScratch* w,
-                        PrefixState* state) {
-    const int64_t rows = count * grp, pairs = hd / 2, n_q = n_kv * grp, keys = blocks * bs;
+   share): row r = k * grp + g is query head h * grp + g of request tile[k], whose query is row rows_of[b].
+   dp: bfloat16 products by AVX512-BF16 (bf16 tensors only). */
+INLINE void prefix_tile(const void* q, int64_t q_stride, const int64_t* rows_of, const void* kc, const void* vc,
+                        const int64_t* table, int64_t blocks, const int64_t* tile, int64_t count, int64_t h,
+                        int64_t grp, int64_t n_kv, int64_t hd, int64_t bs, float scale, PrefixScratch* w,
+                        PrefixState* state, int bf16, int dp) {
+    const int64_t rows = count * grp, n_q = n_kv * grp, keys = blocks * bs;
     for (int64_t r = 0; r < rows; r++) {
-        const int64_t b = tile[r / grp], g = r % grp;
-        memcpy(w->qb + r * pairs, q + rows_of[b] * q_stride + (h * grp + g) * hd, hd * sizeof(uint16_t));
+        const int64_t b = tile[r / grp], g = r % grp, src = rows_of[b] * q_stride + (h * grp + g) * hd;
+        if (dp) memcpy((uint16_t*)w->qs + r * hd, (const uint16_t*)q + src, hd * sizeof(uint16_t));
+        else for (int64_t d = 0; d < hd; d++) w->qs[r * hd + d] = load1(q, src + d, bf16) * scale;
         memset(w->o + r * hd, 0, hd * sizeof(float));
         w->mx[r] = -INFINITY;
         memset(w->sums + 16 * r, 0, 16 * sizeof(float));
@@ -125,8 +128,12 @@ INLINE void prefix_tile(const uint16_t* q, int64_t q_stride, const int64_t* rows
             slots[j] = (table[block] * bs + offset) * n_kv + h;
             if (++offset == bs) offset = 0, block++;
         }
-        gather_block(kc, vc, slots, n, hd, w->kt, w->vs, 1, 1);
-        scores_dpbf16(rows, w->qb, pairs, (const uint32_t*)w->kt, scale, w->s);
+        gather_block(kc, vc, slots, n, hd, w->kt, w->vs, bf16, dp);
+#if HAVE_DPBF16
+        if (dp) scores_dpbf16(rows, (const uint32_t*)w->qs, hd / 2, (const uint32_t*)w->kt, scale, w->s);
+        else
+#endif
+            scores_f32_512(rows, w->qs, hd, w->kt, w->s);
         for (int64_t r = 0; r < rows; r++) online_softmax(w->s + r * 16, n, w->mx + r, w->sums + 16 * r, w->o + r * hd, hd);
         weigh_block_512(rows, w->s, 16, w->vs, hd, 0, n, w->o, hd);
     }
@@ -141,17 +148,17 @@ INLINE void prefix_tile(const uint16_t* q, int64_t q_stride, const int64_t* rows
 
 /* The rows of every tile of `sharing` over its shared blocks, a task a tile and KV head, spread over the
    threads of the enclosing parallel region (which wait for each other at its end). */
-INLINE void attend_shared_prefix(const uint16_t* q, int64_t q_stride, const int64_t* rows_of, const uint16_t* kc,
-                                 const uint16_t* vc, const int64_t* tables, int64_t max_blocks,
-                                 const Sharing* sharing, int64_t grp, int64_t n_kv, int64_t hd, int64_t bs,
-                                 float scale, PrefixState* state) {
+INLINE void attend_shared_prefix(const void* q, int64_t q_stride, const int64_t* rows_of, const void* kc,
+                                 const void* vc, const int64_t* tables, int64_t max_blocks, const Sharing* sharing,
+                                 int64_t grp, int64_t n_kv, int64_t hd, int64_t bs, float scale, PrefixState* state,
+                                 int bf16, int dp) {
     PrefixScratch w = prefix_scratch(TILE_REQUESTS * grp, hd);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t i = 0; i < sharing->tiles * n_kv; i++) {
         const int64_t from = sharing->tile_from[i / n_kv], count = sharing->tile_to[i / n_kv] - from;
         const int64_t* tile = sharing->order + from;
         prefix_tile(q, q_stride, rows_of, kc, vc, tables + tile[0] * max_blocks, sharing->first[tile[0]], tile, count,
-                    i % n_kv, grp, n_kv, hd, bs, scale, &w, state);
+                    i % n_kv, grp, n_kv, hd, bs, scale, &w, state, bf16, dp);
     }
     free_prefix_scratch(&w);
 }
