@@ -35,7 +35,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--shared-prefix", type=int, default=0, metavar="TOKENS",
+                   help="every request begins with the same blocks holding TOKENS tokens (a system prompt the "
+                        "prefix cache keeps once), then its own; --context counts both")
     return p.parse_args(argv)
+
+
+def block_tables(lens: torch.Tensor, bs: int, shared: int, gen: torch.Generator) -> tuple[torch.Tensor, int]:
+    """Each request's blocks anywhere in the pool, after `shared` blocks common to all: (tables, pool blocks)."""
+    width = int(-(-lens.max() // bs))
+    num_blocks = shared + len(lens) * (width - shared)
+    own = torch.randperm(num_blocks - shared, generator=gen).view(len(lens), width - shared) + shared
+    return torch.cat([torch.arange(shared).expand(len(lens), shared), own], dim=1).contiguous(), num_blocks
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,14 +59,16 @@ def main(argv: list[str] | None = None) -> int:
     dtype, bs = getattr(torch, a.dtype), a.block_size
     gen = torch.Generator().manual_seed(0)
     lens = torch.randint(a.context[0], a.context[1] + 1, (a.requests,), generator=gen)
-    width = int(-(-lens.max() // bs))
-    num_blocks = a.requests * width
+    shared = -(-a.shared_prefix // bs)
+    if shared and int(lens.min()) <= shared * bs:
+        raise SystemExit(f"--shared-prefix {a.shared_prefix} needs every context above {shared * bs} tokens")
+    tables, num_blocks = block_tables(lens, bs, shared, gen)
     shape = (num_blocks, bs, a.kv_heads, a.head_dim)
     pools = [(torch.randn(shape, generator=gen).to(dtype), torch.randn(shape, generator=gen).to(dtype))
              for _ in range(a.layers)]
     query = torch.randn(a.requests, a.heads, a.head_dim, generator=gen).to(dtype)
     out = torch.empty_like(query)
-    rows, tables = torch.arange(a.requests), torch.randperm(num_blocks, generator=gen).view(a.requests, width)
+    rows = torch.arange(a.requests)
     step_bytes = int(lens.sum()) * 2 * a.kv_heads * a.head_dim * dtype.itemsize * a.layers
     best: dict[str, float] = {}
     variants = kernel.applicable(dtype, a.head_dim)
@@ -65,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
             for kc, vc in pools:
                 kernel(out, query, kc, vc, rows, tables, lens, int(lens.max()), a.head_dim**-0.5, v)
             best[v] = min(best.get(v, float("inf")), time.perf_counter() - start)
-    print(f"decode attention, {a.dtype}, {a.requests} requests of {a.context[0]}-{a.context[1]} tokens, "
+    common = f" (the first {shared * bs} shared, counted per request below)" if shared else ""
+    print(f"decode attention, {a.dtype}, {a.requests} requests of {a.context[0]}-{a.context[1]} tokens{common}, "
           f"{a.layers} layers, {a.heads}/{a.kv_heads} heads of {a.head_dim}, {a.threads} threads: "
           f"{step_bytes / 1e6:.0f} MB of K/V per step")
     for v in variants:
