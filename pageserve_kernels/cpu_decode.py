@@ -62,6 +62,8 @@ class NativeDecode:
             fn = getattr(lib, name)
             fn.restype, fn.argtypes = None, argtypes
             self._fns[dtype] = fn
+        lib.paged_decode_sharing.restype, lib.paged_decode_sharing.argtypes = i, [p, i, p, i, i, p]
+        self._sharing = lib.paged_decode_sharing
         lib.paged_decode_isas.restype, lib.paged_decode_isas.argtypes = ctypes.c_int, []
         built = lib.paged_decode_isas()
         self.variants = tuple(v for i, v in enumerate(VARIANTS) if built >> i & 1)
@@ -77,6 +79,15 @@ class NativeDecode:
         wide_ok = head_dim % 32 == 0
         return tuple(v for v in self.variants
                      if not (v.startswith("avx512") and not wide_ok) and not (v == "avx512_bf16" and dtype != torch.bfloat16))
+
+    def shared_blocks(self, block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: int) -> list[int] | None:
+        """The blocks each request reads in tiles shared with others (the AVX-512 variants' plan for a batch
+        whose requests begin with the same blocks); None where this build has no such variant."""
+        tables, lens = block_tables.to(torch.int64).contiguous(), seq_lens.to(torch.int64).contiguous()
+        first = torch.zeros(lens.shape[0], dtype=torch.int64)
+        tiles = self._sharing(tables.data_ptr(), tables.shape[1], lens.data_ptr(), lens.shape[0], block_size,
+                              first.data_ptr())
+        return None if tiles < 0 else first.tolist()
 
     def candidates(self, dtype: torch.dtype, head_dim: int) -> tuple[str, ...]:
         """What `pick` times: the applicable vector variants (a timing on a busy host once put the

@@ -309,3 +309,19 @@ void paged_decode_bf16(DECODE_ARGS) {
         default: decode_all(DECODE_CALL, 1, ISA_SCALAR); break;
     }
 }
+
+/* The AVX-512 variants' plan for a batch's shared blocks (shared_prefix.h's plan_sharing): first[b], the blocks
+   request b reads as part of a tile; returns the tiles, or -1 in a build without those variants. */
+int64_t paged_decode_sharing(const int64_t* tables, int64_t max_blocks, const int64_t* seq_lens, int64_t n_req,
+                             int64_t bs, int64_t* first) {
+#if HAVE_AVX512
+    Sharing sharing = plan_sharing(tables, max_blocks, seq_lens, n_req, bs);
+    memcpy(first, sharing.first, sizeof(int64_t) * n_req);
+    const int64_t tiles = sharing.tiles;
+    free_sharing(&sharing);
+    return tiles;
+#else
+    (void)tables, (void)max_blocks, (void)seq_lens, (void)n_req, (void)bs, (void)first;
+    return -1;
+#endif
+}

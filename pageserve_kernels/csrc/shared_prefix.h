@@ -30,34 +30,73 @@ typedef struct {
     float *acc, *m, *l;
 } PrefixState;
 
-/* Which requests share which blocks: requests grouped by their first block, in `order`; a group of at least
-   MIN_SHARING_REQUESTS whose tables begin with the same blocks (whole blocks before each one's last token,
-   32 tokens or more) is cut into tiles of TILE_REQUESTS; first[b], the blocks request b takes from its
-   tile (0: none). */
+/* Which requests share which blocks: requests sorted by their block tables (whole blocks before each one's
+   last token), so that those beginning with the same blocks stand together in `order`; runs of at least
+   MIN_SHARING_REQUESTS of them beginning with the same 32 tokens or more are cut into tiles of
+   TILE_REQUESTS, and first[b] is the blocks request b takes from its tile (0: none). */
 typedef struct {
     int64_t *order, *first;        /* (n_req) each */
     int64_t *tile_from, *tile_to;  /* tile i: requests order[tile_from[i] .. tile_to[i] - 1] */
     int64_t tiles;
 } Sharing;
 
-/* (first block, request) pairs, by block then request. */
-static int by_first_block(const void* a, const void* b) {
-    const int64_t *x = (const int64_t*)a, *y = (const int64_t*)b;
-    return x[0] != y[0] ? (x[0] < y[0] ? -1 : 1) : x[1] < y[1] ? -1 : x[1] > y[1];
+typedef struct {
+    const int64_t* table;
+    int64_t whole, b; /* blocks wholly before the request's last token; the request */
+} TableKey;
+
+/* The blocks two requests' tables begin with alike, among those wholly before each one's last token. */
+INLINE int64_t common_prefix(const TableKey* x, const TableKey* y) {
+    const int64_t n = x->whole < y->whole ? x->whole : y->whole;
+    int64_t c = 0;
+    while (c < n && x->table[c] == y->table[c]) c++;
+    return c;
 }
 
-/* The blocks that requests order[i .. j-1] all begin with, whole blocks before each one's last token. */
-INLINE int64_t common_blocks(const int64_t* order, int64_t i, int64_t j, const int64_t* tables, int64_t max_blocks,
-                             const int64_t* seq_lens, int64_t bs) {
-    const int64_t* lead = tables + order[i] * max_blocks;
-    int64_t common = max_blocks;
-    for (int64_t k = i; k < j; k++) {
-        const int64_t b = order[k], whole = (seq_lens[b] - 1) / bs;
-        common = whole < common ? whole : common;
-        for (int64_t c = 0; c < common; c++)
-            if (tables[b * max_blocks + c] != lead[c]) { common = c; break; }
-    }
+/* Lexicographic order of the tables' whole blocks, a shorter one first where one begins the other. */
+static int by_table(const void* a, const void* b) {
+    const TableKey *x = (const TableKey*)a, *y = (const TableKey*)b;
+    const int64_t c = common_prefix(x, y);
+    if (c < x->whole && c < y->whole) return x->table[c] < y->table[c] ? -1 : 1;
+    return x->whole != y->whole ? (x->whole < y->whole ? -1 : 1) : (x->b < y->b ? -1 : x->b > y->b);
+}
+
+/* In sorted order the blocks requests i .. j-1 all begin with are the fewest any neighbours share:
+   lcp[k] for neighbours k-1, k. Returns that count, and where the fewest are (*at: a place to cut). */
+INLINE int64_t run_common(const int64_t* lcp, int64_t i, int64_t j, int64_t* at) {
+    int64_t common = lcp[i + 1];
+    *at = i + 1;
+    for (int64_t k = i + 2; k < j; k++)
+        if (lcp[k] < common) common = lcp[k], *at = k;
     return common;
+}
+
+/* The most shared blocks times requests that requests i .. j-1 can be tiled for: whole, or cut where
+   neighbours share the fewest blocks and each part tiled as well as it can be. One request that shares only
+   a block or two with the others, sorted next to them, would otherwise take their common prefix down to
+   those blocks (a chat template's opening lines in a block of their own). */
+static int64_t tiling_value(const int64_t* lcp, int64_t i, int64_t j, int64_t least) {
+    if (j - i < MIN_SHARING_REQUESTS) return 0;
+    int64_t at;
+    const int64_t common = run_common(lcp, i, j, &at);
+    const int64_t whole = common >= least ? (j - i) * common : 0;
+    const int64_t cut = tiling_value(lcp, i, at, least) + tiling_value(lcp, at, j, least);
+    return whole >= cut ? whole : cut;
+}
+
+static void tile_runs(Sharing* p, const int64_t* lcp, int64_t i, int64_t j, int64_t least) {
+    if (j - i < MIN_SHARING_REQUESTS) return;
+    int64_t at;
+    const int64_t common = run_common(lcp, i, j, &at);
+    const int64_t whole = common >= least ? (j - i) * common : 0;
+    if (whole > 0 && whole >= tiling_value(lcp, i, at, least) + tiling_value(lcp, at, j, least)) {
+        for (int64_t k = i; k < j; k++) p->first[p->order[k]] = common;
+        for (int64_t k = i; k < j; k += TILE_REQUESTS, p->tiles++)
+            p->tile_from[p->tiles] = k, p->tile_to[p->tiles] = k + TILE_REQUESTS < j ? k + TILE_REQUESTS : j;
+        return;
+    }
+    tile_runs(p, lcp, i, at, least);
+    tile_runs(p, lcp, at, j, least);
 }
 
 INLINE Sharing plan_sharing(const int64_t* tables, int64_t max_blocks, const int64_t* seq_lens, int64_t n_req,
@@ -65,21 +104,17 @@ INLINE Sharing plan_sharing(const int64_t* tables, int64_t max_blocks, const int
     Sharing p = {(int64_t*)malloc(sizeof(int64_t) * n_req), (int64_t*)calloc(n_req, sizeof(int64_t)),
                  (int64_t*)malloc(sizeof(int64_t) * n_req), (int64_t*)malloc(sizeof(int64_t) * n_req), 0};
     if (n_req < MIN_SHARING_REQUESTS) return p;
-    int64_t* keyed = (int64_t*)malloc(sizeof(int64_t) * 2 * n_req);
-    for (int64_t b = 0; b < n_req; b++) keyed[2 * b] = tables[b * max_blocks], keyed[2 * b + 1] = b;
-    qsort(keyed, n_req, 2 * sizeof(int64_t), by_first_block);
-    for (int64_t k = 0; k < n_req; k++) p.order[k] = keyed[2 * k + 1];
-    free(keyed);
-    for (int64_t i = 0, j; i < n_req; i = j) {
-        const int64_t block = tables[p.order[i] * max_blocks];
-        for (j = i + 1; j < n_req && tables[p.order[j] * max_blocks] == block; j++) {}
-        const int64_t common = j - i >= MIN_SHARING_REQUESTS ? common_blocks(p.order, i, j, tables, max_blocks,
-                                                                              seq_lens, bs) : 0;
-        if (common * bs < 32) continue;
-        for (int64_t k = i; k < j; k++) p.first[p.order[k]] = common;
-        for (int64_t k = i; k < j; k += TILE_REQUESTS, p.tiles++)
-            p.tile_from[p.tiles] = k, p.tile_to[p.tiles] = k + TILE_REQUESTS < j ? k + TILE_REQUESTS : j;
+    TableKey* keys = (TableKey*)malloc(sizeof(TableKey) * n_req);
+    int64_t* lcp = (int64_t*)malloc(sizeof(int64_t) * n_req);
+    for (int64_t b = 0; b < n_req; b++) keys[b] = (TableKey){tables + b * max_blocks, (seq_lens[b] - 1) / bs, b};
+    qsort(keys, n_req, sizeof(TableKey), by_table);
+    for (int64_t k = 0; k < n_req; k++) {
+        p.order[k] = keys[k].b;
+        lcp[k] = k ? common_prefix(&keys[k - 1], &keys[k]) : 0;
     }
+    tile_runs(&p, lcp, 0, n_req, (32 + bs - 1) / bs); /* 32 tokens or more */
+    free(keys);
+    free(lcp);
     return p;
 }
 

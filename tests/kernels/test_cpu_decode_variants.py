@@ -191,3 +191,35 @@ def test_requests_sharing_their_first_blocks_match_the_scalar_loops(variant: str
     # request b's query and output are row rows[b] of the step's
     want = ref.paged_attention_ref(query[rows].contiguous(), kc, vc, tables.int(), starts, seq_lens.int(), scale)
     torch.testing.assert_close(got[rows].float(), want.float(), atol=2e-2, rtol=2e-2)
+
+
+def _tables(prefixes: list[list[int]], own: int = 2, start: int = 1000) -> tuple[torch.Tensor, torch.Tensor]:
+    """Block tables beginning with the given block ids, then `own` blocks of each request's own (16 tokens a
+    block, the last one half full)."""
+    width = max(len(p) for p in prefixes) + own
+    rows, lens = [], []
+    for i, p in enumerate(prefixes):
+        blocks = p + list(range(start + i * own, start + (i + 1) * own))
+        rows.append(blocks + [0] * (width - len(blocks)))
+        lens.append(16 * (len(blocks) - 1) + 8)
+    return torch.tensor(rows), torch.tensor(lens)
+
+
+@pytest.mark.skipif("avx512" not in BUILT, reason="the shared-prefix tiles are built with the AVX-512 variants")
+def test_the_plan_tiles_each_group_sharing_32_tokens_and_leaves_an_odd_request_out() -> None:
+    assert KERNEL is not None
+    prompt = list(range(10, 16))  # six blocks, 96 tokens, in ten requests
+    cases = [
+        ([prompt] * 10, [6] * 10),
+        # one request whose first two blocks only are the prompt's, sorted before or after the ten
+        ([prompt] * 10 + [prompt[:2] + [1]], [6] * 10 + [0]),
+        ([prompt] * 10 + [prompt[:2] + [99]], [6] * 10 + [0]),
+        # two prompts' groups, and seven requests of a third: too few to tile
+        ([prompt] * 8 + [[20, 21, 22]] * 9 + [[30, 31]] * 7, [6] * 8 + [3] * 9 + [0] * 7),
+        ([[40]] * 12, [0] * 12),  # 16 tokens: too few to share
+        ([prompt] * 7, [0] * 7),
+    ]
+    for prefixes, want in cases:
+        order = torch.randperm(len(prefixes), generator=torch.Generator().manual_seed(len(prefixes))).tolist()
+        tables, lens = _tables([prefixes[i] for i in order])
+        assert KERNEL.shared_blocks(tables, lens, 16) == [want[i] for i in order], prefixes
