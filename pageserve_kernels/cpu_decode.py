@@ -21,9 +21,9 @@ variants (`VARIANTS`), each compiled in where the host has its instructions:
                their sixteen scores; bfloat16 K widened by a shift and an and, each V row
                widened once for the whole GQA group (head sizes that are multiples of 32); and
                the leading blocks that a group of requests shares (a system prompt the prefix
-               cache keeps once; requests grouped by their first block, 8 or more a group) as
-               tiles of 16 requests' rows at a time (csrc/shared_prefix.h: keys transposed once
-               per tile, an online softmax whose state each request's own blocks then continue)
+               cache keeps once; requests sorted by their block tables, 12 or more a group) as
+               tiles of up to 16 requests' rows (csrc/shared_prefix.h: keys transposed once per
+               tile, an online softmax whose state each request's own blocks then continue)
   avx512_bf16  as avx512, the bfloat16 scores by AVX512-BF16's dot-product instruction
 The K pass's prefetches run on into the V pass's first blocks.
 The variant is chosen once per dtype and shape by timing the ones that apply

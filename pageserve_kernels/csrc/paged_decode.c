@@ -229,7 +229,8 @@ INLINE void decode_all(const void* q, const void* kc, const void* vc, void* out,
 #if HAVE_AVX512
     /* Blocks that groups of requests share (a common system prompt) go first, as tiles of their rows. */
     Sharing sharing = {0};
-    if (isa >= ISA_AVX512) sharing = plan_sharing(tables, max_blocks, seq_lens, n_req, bs);
+    if (isa >= ISA_AVX512) /* a tile a task for each KV head: two tasks a thread at least */
+        sharing = plan_sharing(tables, max_blocks, seq_lens, n_req, bs, (2 * nthreads + n_kv - 1) / n_kv);
     if (sharing.tiles) {
         first = sharing.first;
         prior.acc = (float*)malloc(sizeof(float) * n_req * n_q * hd);
@@ -315,7 +316,7 @@ void paged_decode_bf16(DECODE_ARGS) {
 int64_t paged_decode_sharing(const int64_t* tables, int64_t max_blocks, const int64_t* seq_lens, int64_t n_req,
                              int64_t bs, int64_t* first) {
 #if HAVE_AVX512
-    Sharing sharing = plan_sharing(tables, max_blocks, seq_lens, n_req, bs);
+    Sharing sharing = plan_sharing(tables, max_blocks, seq_lens, n_req, bs, 1);
     memcpy(first, sharing.first, sizeof(int64_t) * n_req);
     const int64_t tiles = sharing.tiles;
     free_sharing(&sharing);

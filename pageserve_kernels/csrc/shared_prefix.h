@@ -23,7 +23,10 @@
 #include "values_avx512.h"
 
 #define TILE_REQUESTS 16
-#define MIN_SHARING_REQUESTS 8 /* fewer requests than this make tiles no better than their own loops */
+/* Fewer requests than this make tiles no better than their own loops: on an AMD EPYC Zen 4 (2 threads,
+   `cpu_decode --shared-prefix 384 --context 400 600 --requests R`, bfloat16) 8-10 requests ran even,
+   12 in 4.4-4.6 ms a step against 5.2-5.5, 16 in 5.5-6.1 against 6.9-7.2. */
+#define MIN_SHARING_REQUESTS 12
 
 /* The softmax state of every (request, query head) row after the shared keys: acc (n_req * n_q, hd), m, l. */
 typedef struct {
@@ -38,6 +41,7 @@ typedef struct {
     int64_t *order, *first;        /* (n_req) each */
     int64_t *tile_from, *tile_to;  /* tile i: requests order[tile_from[i] .. tile_to[i] - 1] */
     int64_t tiles;
+    int64_t min_tiles;             /* a run's tiles at least (as many as keep the threads busy), up to one a request */
 } Sharing;
 
 typedef struct {
@@ -91,8 +95,11 @@ static void tile_runs(Sharing* p, const int64_t* lcp, int64_t i, int64_t j, int6
     const int64_t whole = common >= least ? (j - i) * common : 0;
     if (whole > 0 && whole >= tiling_value(lcp, i, at, least) + tiling_value(lcp, at, j, least)) {
         for (int64_t k = i; k < j; k++) p->first[p->order[k]] = common;
-        for (int64_t k = i; k < j; k += TILE_REQUESTS, p->tiles++)
-            p->tile_from[p->tiles] = k, p->tile_to[p->tiles] = k + TILE_REQUESTS < j ? k + TILE_REQUESTS : j;
+        const int64_t n = j - i, wanted = (n + TILE_REQUESTS - 1) / TILE_REQUESTS;
+        int64_t count = wanted > p->min_tiles ? wanted : p->min_tiles;
+        count = count < n ? count : n;
+        for (int64_t t = 0; t < count; t++, p->tiles++) /* near-equal tiles */
+            p->tile_from[p->tiles] = i + n * t / count, p->tile_to[p->tiles] = i + n * (t + 1) / count;
         return;
     }
     tile_runs(p, lcp, i, at, least);
@@ -100,9 +107,10 @@ static void tile_runs(Sharing* p, const int64_t* lcp, int64_t i, int64_t j, int6
 }
 
 INLINE Sharing plan_sharing(const int64_t* tables, int64_t max_blocks, const int64_t* seq_lens, int64_t n_req,
-                            int64_t bs) {
+                            int64_t bs, int64_t min_tiles) {
     Sharing p = {(int64_t*)malloc(sizeof(int64_t) * n_req), (int64_t*)calloc(n_req, sizeof(int64_t)),
-                 (int64_t*)malloc(sizeof(int64_t) * n_req), (int64_t*)malloc(sizeof(int64_t) * n_req), 0};
+                 (int64_t*)malloc(sizeof(int64_t) * n_req), (int64_t*)malloc(sizeof(int64_t) * n_req), 0,
+                 min_tiles};
     if (n_req < MIN_SHARING_REQUESTS) return p;
     TableKey* keys = (TableKey*)malloc(sizeof(TableKey) * n_req);
     int64_t* lcp = (int64_t*)malloc(sizeof(int64_t) * n_req);

@@ -162,16 +162,16 @@ def _shared_prefix_batch(groups: list[tuple[int, list[int]]], n_q: int, n_kv: in
             torch.tensor([lens[i] for i in order], dtype=torch.int64), max(lens), hd**-0.5)
 
 
-# (groups of (shared blocks, requests' lengths), shape): 8 requests (the fewest that share by tiles); 20 (a
-# tile of 16 and one of 4), one of them ending inside the shared blocks (only the blocks before its last
-# token are shared then); blocks of 5, one request whose last token opens the block after them; two
-# prompts' groups beside requests of their own and a group of 7 (too few to share).
-SHARED = [([(4, [64 + 1 + 7 * i for i in range(8)])], (9, 3, 64, 16)),
+# (groups of (shared blocks, requests' lengths), shape): 12 requests (the fewest that share by tiles); 20 (two
+# tiles), one of them ending inside the shared blocks (only the blocks before its last token are shared then);
+# blocks of 5, one request whose last token opens the block after them; two prompts' groups beside requests
+# of their own and a group of 11 (too few to share).
+SHARED = [([(4, [64 + 1 + 7 * i for i in range(12)])], (9, 3, 64, 16)),
           ([(3, [48 + 1 + 11 * i for i in range(19)] + [40])], (9, 3, 64, 16)),
-          ([(9, [45 + 3 * i for i in range(8)] + [46, 200])], (16, 2, 96, 5)),
+          ([(9, [45 + 3 * i for i in range(12)] + [46, 200])], (16, 2, 96, 5)),
           ([(2, [33] * 12)], (10, 2, 128, 16)),
-          ([(3, [50 + i for i in range(9)]), (5, [81 + 5 * i for i in range(10)]), (0, [20, 70, 3]),
-            (4, [65 + i for i in range(7)])], (9, 3, 64, 16))]
+          ([(3, [50 + i for i in range(12)]), (5, [81 + 5 * i for i in range(14)]), (0, [20, 70, 3]),
+            (4, [65 + i for i in range(11)])], (9, 3, 64, 16))]
 
 
 @pytest.mark.parametrize("variant", FAST)
@@ -208,16 +208,16 @@ def _tables(prefixes: list[list[int]], own: int = 2, start: int = 1000) -> tuple
 @pytest.mark.skipif("avx512" not in BUILT, reason="the shared-prefix tiles are built with the AVX-512 variants")
 def test_the_plan_tiles_each_group_sharing_32_tokens_and_leaves_an_odd_request_out() -> None:
     assert KERNEL is not None
-    prompt = list(range(10, 16))  # six blocks, 96 tokens, in ten requests
+    prompt = list(range(10, 16))  # six blocks, 96 tokens, in twelve requests
     cases = [
-        ([prompt] * 10, [6] * 10),
-        # one request whose first two blocks only are the prompt's, sorted before or after the ten
-        ([prompt] * 10 + [prompt[:2] + [1]], [6] * 10 + [0]),
-        ([prompt] * 10 + [prompt[:2] + [99]], [6] * 10 + [0]),
-        # two prompts' groups, and seven requests of a third: too few to tile
-        ([prompt] * 8 + [[20, 21, 22]] * 9 + [[30, 31]] * 7, [6] * 8 + [3] * 9 + [0] * 7),
+        ([prompt] * 12, [6] * 12),
+        # one request whose first two blocks only are the prompt's, sorted before or after the twelve
+        ([prompt] * 12 + [prompt[:2] + [1]], [6] * 12 + [0]),
+        ([prompt] * 12 + [prompt[:2] + [99]], [6] * 12 + [0]),
+        # two prompts' groups, and eleven requests of a third: too few to tile
+        ([prompt] * 12 + [[20, 21, 22]] * 13 + [[30, 31]] * 11, [6] * 12 + [3] * 13 + [0] * 11),
         ([[40]] * 12, [0] * 12),  # 16 tokens: too few to share
-        ([prompt] * 7, [0] * 7),
+        ([prompt] * 11, [0] * 11),
     ]
     for prefixes, want in cases:
         order = torch.randperm(len(prefixes), generator=torch.Generator().manual_seed(len(prefixes))).tolist()
