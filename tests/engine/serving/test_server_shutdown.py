@@ -16,6 +16,16 @@ from tests.engine.serving.fake_core import Running, add, start_server
 from tests.support.raw_gateway import RawGateway
 
 
+def _stopping_with(ctx: zmq.Context, grace_s: float, rid: str, max_tokens: int) -> tuple[Running, RawGateway]:
+    """A loop with one request in flight (its first output seen) that has just been asked to stop."""
+    running = start_server(grace_s=grace_s)
+    gw = RawGateway(ctx, running.server.address)
+    gw.send(add(rid, max_tokens=max_tokens))
+    gw.recv()
+    running.server.request_stop()
+    return running, gw
+
+
 def test_stop_with_requests_in_flight_aborts_them_and_tells_every_gateway(ctx: zmq.Context) -> None:
     running = start_server(grace_s=0.3)
     gw1, gw2 = RawGateway(ctx, running.server.address), RawGateway(ctx, running.server.address)
@@ -37,11 +47,7 @@ def test_stop_with_requests_in_flight_aborts_them_and_tells_every_gateway(ctx: z
 
 
 def test_stop_lets_short_requests_finish_within_the_grace_period(ctx: zmq.Context) -> None:
-    running = start_server(grace_s=5.0)
-    gw = RawGateway(ctx, running.server.address)
-    gw.send(add("short", max_tokens=5))
-    gw.recv()
-    running.server.request_stop()
+    running, gw = _stopping_with(ctx, 5.0, "short", max_tokens=5)
     msgs = gw.recv_until_finished({"short"})
     assert msgs[-1].finished[0].reason == "length"
     running.thread.join(5.0)
@@ -110,11 +116,7 @@ def test_bye_aborts_the_gateways_requests_and_forgets_it(engine: Running, ctx: z
 
 
 def test_a_second_stop_request_skips_the_rest_of_the_grace_period(ctx: zmq.Context) -> None:
-    running = start_server(grace_s=60.0)
-    gw = RawGateway(ctx, running.server.address)
-    gw.send(add("slow", max_tokens=9000))
-    gw.recv()
-    running.server.request_stop()
+    running, _ = _stopping_with(ctx, 60.0, "slow", max_tokens=9000)
     time.sleep(0.1)
     assert running.thread.is_alive()  # still inside its 60 s of grace
     running.server.request_stop()  # Ctrl-C twice
