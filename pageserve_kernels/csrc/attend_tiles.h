@@ -163,6 +163,35 @@ INLINE __m512i row_chunk(const void *cache, const int64_t *slots, int64_t j, int
 }
 #endif
 
+/* Row r of a tile: its query from element `src` of q into the scratch qs (dp: the query's own bfloat16 pairs,
+   the scale applied to the sums later; else float32, scaled), and its output, maximum and partial sums reset. */
+INLINE void start_row(const void *q, int64_t src, int64_t r, int64_t hd, float scale, float *qs, float *o, float *mx,
+                      float *sums, int bf16, int dp) {
+    if (dp) memcpy((uint16_t *)qs + r * hd, (const uint16_t *)q + src, hd * sizeof(uint16_t));
+    else for (int64_t d = 0; d < hd; d++) qs[r * hd + d] = load1(q, src + d, bf16) * scale;
+    memset(o + r * hd, 0, hd * sizeof(float));
+    mx[r] = -INFINITY;
+    memset(sums + 16 * r, 0, 16 * sizeof(float));
+}
+
+/* The cache rows (in units of hd) of keys s0 .. s0+n-1 of KV head h, found through the block table (any
+   block size; one division a block of keys, not two a key). */
+INLINE void key_slots(const int64_t *table, int64_t s0, int64_t n, int64_t bs, int64_t n_kv, int64_t h,
+                      int64_t *slots) {
+    int64_t block = s0 / bs, offset = s0 % bs;
+    for (int64_t j = 0; j < n; j++) {
+        slots[j] = (table[block] * bs + offset) * n_kv + h;
+        if (++offset == bs) offset = 0, block++;
+    }
+}
+
+/* A row's softmax denominator: its sixteen partial sums added. */
+INLINE float lanes_sum(const float *sums) {
+    float sum = 0.f;
+    for (int j = 0; j < 16; j++) sum += sums[j];
+    return sum;
+}
+
 /* A block's keys (slots[j], j < n) into the tiles' scratch: K transposed, kt[d][j] (dp: bfloat16 pairs,
    kt2[p][j]), zero past n; V as float32 rows vs[j][d]. Sixteen keys at a time by 16 x 16 transposes
    where the build has AVX-512 (the scalar copy took a sixth of the kernel's time). */

@@ -68,33 +68,20 @@ INLINE void attend_tile(const void *q, int64_t q_stride, const void *kc, const v
                         int64_t h, int64_t grp, int64_t n_kv, int64_t hd, int64_t bs, float scale,
                         float *qs, float *o, float *s, float *kt, float *vs, float *mx, float *sums, int bf16,
                         int dp) {
-    const int64_t n_q = n_kv * grp, rows = (t1 - t0) * grp, pairs = hd / 2;
+    const int64_t n_q = n_kv * grp, rows = (t1 - t0) * grp;
     /* bfloat16 with AVX512-BF16: Q . K^T from the tensors' own bfloat16 pairs (qs and kt then hold
        uint32 pairs, the scale is applied to the sums); softmax and P . V stay in float32 as below. */
-    uint32_t *qb = (uint32_t *)qs;
-    for (int64_t t = t0; t < t1; t++)
-        for (int64_t g = 0; g < grp; g++) {
-            const int64_t r = (t - t0) * grp + g;
-            const int64_t src = (start + t) * q_stride + (h * grp + g) * hd;
-            if (dp) memcpy(qb + r * pairs, (const uint16_t *)q + src, hd * sizeof(uint16_t));
-            else for (int64_t d = 0; d < hd; d++) qs[r * hd + d] = load1(q, src + d, bf16) * scale;
-            memset(o + r * hd, 0, hd * sizeof(float));
-            mx[r] = -INFINITY;
-            memset(sums + 16 * r, 0, 16 * sizeof(float));
-        }
+    for (int64_t r = 0; r < rows; r++)
+        start_row(q, (start + t0 + r / grp) * q_stride + (h * grp + r % grp) * hd, r, hd, scale, qs, o, mx, sums,
+                  bf16, dp);
     const int64_t last_key = context_len + t1 - 1; /* the tile's last query sees keys 0 .. last_key */
     for (int64_t s0 = 0; s0 <= last_key; s0 += 16) {
         const int64_t n = last_key + 1 - s0 < 16 ? last_key + 1 - s0 : 16;
-        /* keys s0 .. s0+n-1 (any block size: each key's row found through the table; one division a
-           block of keys, not two a key) */
-        int64_t slots[16], block = s0 / bs, offset = s0 % bs;
-        for (int64_t j = 0; j < n; j++) {
-            slots[j] = (table[block] * bs + offset) * n_kv + h;
-            if (++offset == bs) offset = 0, block++;
-        }
+        int64_t slots[16];
+        key_slots(table, s0, n, bs, n_kv, h, slots);
         gather_block(kc, vc, slots, n, hd, kt, vs, bf16, dp);
 #if HAVE_DPBF16
-        if (dp) scores_dpbf16(rows, qb, pairs, (const uint32_t *)kt, scale, s); /* kt holds the pairs */
+        if (dp) scores_dpbf16(rows, (const uint32_t *)qs, hd / 2, (const uint32_t *)kt, scale, s); /* pairs */
         else
 #endif
             product(rows, qs, hd, kt, 16, hd, s, 16, 0);
@@ -111,9 +98,7 @@ INLINE void attend_tile(const void *q, int64_t q_stride, const void *kc, const v
         for (int64_t g = 0; g < grp; g++) {
             const int64_t r = (t - t0) * grp + g;
             const int64_t dst = ((start + t) * n_q + h * grp + g) * hd;
-            float sum = 0.f;
-            for (int j = 0; j < 16; j++) sum += sums[16 * r + j];
-            const float inv = 1.f / sum;
+            const float inv = 1.f / lanes_sum(sums + 16 * r);
             for (int64_t d = 0; d < hd; d++) store1(out, dst + d, o[r * hd + d] * inv, bf16);
         }
 }

@@ -7,8 +7,7 @@
    request, each token's score a horizontal sum of partial products. Here a tile of TILE_REQUESTS requests'
    rows meets each block of 16 shared keys once: the keys transposed (bfloat16 pairs for AVX512-BF16's
    _mm512_dpbf16_ps, else float32), Q . K^T sixteen keys an instruction, the online softmax, and P . V in
-   the six-row tiles of
-   values_avx512.h, as the prompt kernel does. What a row takes on from here is its running maximum m, the
+   the six-row tiles of values_avx512.h, as the prompt kernel does. What a row takes on from here is its running maximum m, the
    sum l of exp(score - m) and the unnormalised output acc = sum exp(score - m) V; the request's own blocks
    then extend the same softmax (paged_decode.c's decode_task). */
 #ifndef PAGESERVE_SHARED_PREFIX_H
@@ -156,21 +155,13 @@ INLINE void prefix_tile(const void* q, int64_t q_stride, const int64_t* rows_of,
                         int64_t grp, int64_t n_kv, int64_t hd, int64_t bs, float scale, PrefixScratch* w,
                         PrefixState* state, int bf16, int dp) {
     const int64_t rows = count * grp, n_q = n_kv * grp, keys = blocks * bs;
-    for (int64_t r = 0; r < rows; r++) {
-        const int64_t b = tile[r / grp], g = r % grp, src = rows_of[b] * q_stride + (h * grp + g) * hd;
-        if (dp) memcpy((uint16_t*)w->qs + r * hd, (const uint16_t*)q + src, hd * sizeof(uint16_t));
-        else for (int64_t d = 0; d < hd; d++) w->qs[r * hd + d] = load1(q, src + d, bf16) * scale;
-        memset(w->o + r * hd, 0, hd * sizeof(float));
-        w->mx[r] = -INFINITY;
-        memset(w->sums + 16 * r, 0, 16 * sizeof(float));
-    }
+    for (int64_t r = 0; r < rows; r++)
+        start_row(q, rows_of[tile[r / grp]] * q_stride + (h * grp + r % grp) * hd, r, hd, scale, w->qs, w->o, w->mx,
+                  w->sums, bf16, dp);
     for (int64_t s0 = 0; s0 < keys; s0 += 16) {
         const int64_t n = keys - s0 < 16 ? keys - s0 : 16;
-        int64_t slots[16], block = s0 / bs, offset = s0 % bs;
-        for (int64_t j = 0; j < n; j++) {
-            slots[j] = (table[block] * bs + offset) * n_kv + h;
-            if (++offset == bs) offset = 0, block++;
-        }
+        int64_t slots[16];
+        key_slots(table, s0, n, bs, n_kv, h, slots);
         gather_block(kc, vc, slots, n, hd, w->kt, w->vs, bf16, dp);
 #if HAVE_DPBF16
         if (dp) scores_dpbf16(rows, (const uint32_t*)w->qs, hd / 2, (const uint32_t*)w->kt, scale, w->s);
@@ -182,10 +173,8 @@ INLINE void prefix_tile(const void* q, int64_t q_stride, const int64_t* rows_of,
     }
     for (int64_t r = 0; r < rows; r++) {
         const int64_t at = tile[r / grp] * n_q + h * grp + r % grp;
-        float l = 0.f;
-        for (int j = 0; j < 16; j++) l += w->sums[16 * r + j];
         memcpy(state->acc + at * hd, w->o + r * hd, hd * sizeof(float));
-        state->m[at] = w->mx[r], state->l[at] = l;
+        state->m[at] = w->mx[r], state->l[at] = lanes_sum(w->sums + 16 * r);
     }
 }
 
