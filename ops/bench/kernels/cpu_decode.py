@@ -20,6 +20,7 @@ import time
 
 import torch
 
+from ops.bench.kernels import add_head_shape
 from pageserve_kernels import cpu_decode
 
 
@@ -29,9 +30,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--requests", type=int, default=64)
     p.add_argument("--context", type=int, nargs=2, default=[48, 768], metavar=("MIN", "MAX"))
     p.add_argument("--layers", type=int, default=30)
-    p.add_argument("--heads", type=int, default=9, help="query heads")
-    p.add_argument("--kv-heads", type=int, default=3)
-    p.add_argument("--head-dim", type=int, default=64)
+    add_head_shape(p)
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=5)

@@ -21,6 +21,7 @@ import time
 
 import torch
 
+from ops.bench.kernels import add_head_shape
 from pageserve_kernels import prefill_choice
 
 
@@ -34,9 +35,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     p.add_argument("--chunks", type=parse_chunk, nargs="+", default=list(prefill_choice.TIMING_CHUNKS),
                    metavar="NEWxCACHED")
-    p.add_argument("--heads", type=int, default=9, help="query heads")
-    p.add_argument("--kv-heads", type=int, default=3)
-    p.add_argument("--head-dim", type=int, default=64)
+    add_head_shape(p)
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=10)

@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 import torch
 
+from ops.bench.kernels import add_head_shape
 from pageserve_kernels import cpu_fused
 from pageserve_kernels.fused_ops import (
     fused_add_rms_norm_reference,
@@ -36,9 +37,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--rows", type=int, nargs="+", default=[64, 2048], help="T: tokens in the step")
     p.add_argument("--hidden", type=int, default=576)
     p.add_argument("--intermediate", type=int, default=1536)
-    p.add_argument("--heads", type=int, default=9, help="query heads")
-    p.add_argument("--kv-heads", type=int, default=3)
-    p.add_argument("--head-dim", type=int, default=64)
+    add_head_shape(p)
     p.add_argument("--vocab", type=int, default=49152)
     p.add_argument("--repeat", type=int, default=200, help="timed calls per path, over 5 rounds")
     return p.parse_args(argv)
