@@ -18,6 +18,11 @@
 enum { ISA_SCALAR = 0, ISA_AVX2 = 1, ISA_AVX512 = 2, ISA_AVX512_BF16 = 3 };
 /* How the AVX-512 loops multiply a query by K (decode_avx512.h). */
 enum { DOT_F32 = 0, DOT_BF16_SPLIT = 1, DOT_BF16_DP = 2 };
+/* The softmax state of every (request, query head) row after the blocks shared_prefix.h tiles (filled only by
+   AVX-512 builds): acc (n_req * n_q, hd) unnormalised outputs, m the rows' maxima, l their sums of exps. */
+typedef struct {
+    float *acc, *m, *l;
+} PrefixState;
 #if HAVE_AVX2 && defined(__AVX512F__) && defined(__AVX512BW__)
 #define HAVE_AVX512 1
 #include "decode_avx512.h"
@@ -152,12 +157,6 @@ INLINE void weigh_values(const Task* t, const void* vc, const float* scores, flo
         }
     }
 }
-
-#if !HAVE_AVX512
-typedef struct {
-    float *acc, *m, *l;
-} PrefixState; /* shared_prefix.h's, never filled without AVX-512 */
-#endif
 
 /* One row's softmax over its n scores sc, continuing `prior`'s state for the row (index `at`) where given:
    the shared blocks' maximum, sum and unnormalised output, which then start the row's acc. 1 / the sum. */

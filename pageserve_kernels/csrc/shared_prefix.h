@@ -9,7 +9,7 @@
    _mm512_dpbf16_ps, else float32), Q . K^T sixteen keys an instruction, the online softmax, and P . V in
    the six-row tiles of values_avx512.h, as the prompt kernel does. What a row takes on from here is its running maximum m, the
    sum l of exp(score - m) and the unnormalised output acc = sum exp(score - m) V; the request's own blocks
-   then extend the same softmax (paged_decode.c's decode_task). */
+   then extend the same softmax (paged_decode.c's decode_task; the state is its PrefixState). */
 #ifndef PAGESERVE_SHARED_PREFIX_H
 #define PAGESERVE_SHARED_PREFIX_H
 
@@ -26,11 +26,6 @@
    `cpu_decode --shared-prefix 384 --context 400 600 --requests R`, bfloat16) 8-10 requests ran even,
    12 in 4.4-4.6 ms a step against 5.2-5.5, 16 in 5.5-6.1 against 6.9-7.2. */
 #define MIN_SHARING_REQUESTS 12
-
-/* The softmax state of every (request, query head) row after the shared keys: acc (n_req * n_q, hd), m, l. */
-typedef struct {
-    float *acc, *m, *l;
-} PrefixState;
 
 /* Which requests share which blocks: requests sorted by their block tables (whole blocks before each one's
    last token), so that those beginning with the same blocks stand together in `order`; runs of at least
