@@ -139,6 +139,37 @@ def _attend_tiles(
     return acc, l_i, m_i
 
 
+@triton.jit
+def _load_queries(
+    q_ptr,
+    q_start,  # the request's first query token
+    q_len,
+    ctx_len,  # tokens cached before this step's queries
+    q_block,
+    kv_head,
+    stride_qt,
+    stride_qh,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_P: tl.constexpr,
+    GROUP: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+):
+    """The query block's rows (BLOCK_Q tokens x the KV head's GROUP query heads): (q, token, head, valid, position)."""
+    rows = tl.arange(0, BLOCK_M)
+    q_idx = q_block * BLOCK_Q + rows // GROUP  # (BLOCK_M,) query token within the request
+    head = kv_head * GROUP + rows % GROUP  # (BLOCK_M,) query head
+    row_ok = (rows < BLOCK_Q * GROUP) & (q_idx < q_len)
+    d = tl.arange(0, HEAD_DIM_P)
+    q_rows = (q_start + q_idx).to(tl.int64)
+    q = tl.load(
+        q_ptr + q_rows[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
+        mask=row_ok[:, None] & (d < HEAD_DIM)[None, :],
+        other=0.0,
+    )  # (BLOCK_M, HEAD_DIM_P)
+    return q, q_rows, head, row_ok, ctx_len + q_idx
+
+
 @triton.jit(do_not_specialize=ATTENTION_DO_NOT_SPECIALIZE)
 def _paged_attention_kernel(
     out_ptr,  # (T, n_q, hd), written when not SPLIT_K
@@ -190,19 +221,10 @@ def _paged_attention_kernel(
         return
     ctx_len = tl.load(seq_lens_ptr + seq) - q_len  # tokens cached before this step's queries
 
-    rows = tl.arange(0, BLOCK_M)
-    q_idx = q_block * BLOCK_Q + rows // GROUP  # (BLOCK_M,) query token within the request
-    head = kv_head * GROUP + rows % GROUP  # (BLOCK_M,) query head
-    row_ok = (rows < BLOCK_Q * GROUP) & (q_idx < q_len)
-    d = tl.arange(0, HEAD_DIM_P)
-    d_ok = d < HEAD_DIM
-    q_rows = (q_start + q_idx).to(tl.int64)
-    q = tl.load(
-        q_ptr + q_rows[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
-        mask=row_ok[:, None] & d_ok[None, :],
-        other=0.0,
-    )  # (BLOCK_M, HEAD_DIM_P)
-    q_pos = ctx_len + q_idx  # (BLOCK_M,) absolute position of each row's query
+    q, q_rows, head, row_ok, q_pos = _load_queries(
+        q_ptr, q_start, q_len, ctx_len, q_block, kv_head, stride_qt, stride_qh,
+        HEAD_DIM, HEAD_DIM_P, GROUP, BLOCK_M, BLOCK_Q,
+    )  # fmt: skip
 
     # Causality bounds the keys this query block can see; the split takes its share.
     kv_len = ctx_len + tl.minimum((q_block + 1) * BLOCK_Q, q_len)
@@ -217,20 +239,44 @@ def _paged_attention_kernel(
         HEAD_DIM, HEAD_DIM_P, BLOCK_M, BLOCK_SIZE, TILE_N, UPCAST,
     )  # fmt: skip
 
+    _store_rows(
+        out_ptr, part_out_ptr, part_lse_ptr, acc, l_i, m_i, q_rows, head, row_ok, split, num_splits, n_q_heads,
+        stride_ot, stride_oh, HEAD_DIM, HEAD_DIM_P, SPLIT_K, UPCAST,
+    )  # fmt: skip
+
+
+@triton.jit
+def _store_rows(
+    out_ptr,
+    part_out_ptr,
+    part_lse_ptr,
+    acc,  # (BLOCK_M, HEAD_DIM_P) unnormalised outputs
+    l_i,  # (BLOCK_M,) row sums of exp2
+    m_i,  # (BLOCK_M,) row maxima (base 2)
+    q_rows,  # (BLOCK_M,) query token of each row
+    head,  # (BLOCK_M,) query head of each row
+    row_ok,
+    split,
+    num_splits,
+    n_q_heads,
+    stride_ot,
+    stride_oh,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_P: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    """The rows' outputs; with SPLIT_K, this split's partial outputs and log2-sum-exp2 for merge_splits."""
+    d = tl.arange(0, HEAD_DIM_P)
+    mask = row_ok[:, None] & (d < HEAD_DIM)[None, :]
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
     res = acc / l_safe[:, None]
     if not SPLIT_K:
         o_ptrs = out_ptr + q_rows[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
-        tl.store(
-            o_ptrs, store_cast(res, out_ptr.dtype.element_ty, UPCAST), mask=row_ok[:, None] & d_ok[None, :]
-        )
+        tl.store(o_ptrs, store_cast(res, out_ptr.dtype.element_ty, UPCAST), mask=mask)
     else:
         part_row = (q_rows * n_q_heads + head) * num_splits + split  # (BLOCK_M,)
-        tl.store(
-            part_out_ptr + part_row[:, None] * HEAD_DIM + d[None, :],
-            res,
-            mask=row_ok[:, None] & d_ok[None, :],
-        )
+        tl.store(part_out_ptr + part_row[:, None] * HEAD_DIM + d[None, :], res, mask=mask)
         lse = tl.where(l_i > 0.0, m_i + tl.math.log2(l_safe), float("-inf"))
         tl.store(part_lse_ptr + part_row, lse, mask=row_ok)
 
