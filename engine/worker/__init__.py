@@ -6,7 +6,8 @@
     sampler.py          next-token choice per row: greedy, temperature, top-k, top-p, seeds
     structured_outputs.py  grammars (xgrammar) -> each constrained row's allowed tokens, before sampling
     utf8_guard.py       ... narrowed to tokens that keep the row's bytes well-formed UTF-8
-    host_allocator.py   glibc malloc kept from unmapping a step's large temporaries (set once per process)
+    host_allocator.py   glibc malloc kept from unmapping a step's large temporaries (set once per process);
+                        the CPU KV pool on transparent huge pages
     model_loader.py     weights from a Hugging Face folder (safetensors) into our LlamaModel
     models/llama.py     the Llama forward pass, top to bottom with shape comments; owns its cost arithmetic
     native_layers.py    CPU steps through the same layers in one C++ call (pageserve_kernels/csrc/llama_layers.cpp):

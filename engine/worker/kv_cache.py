@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.config import CacheConfig, ConfigError
+from engine.worker.host_allocator import zeros_on_huge_pages
 from engine.worker.models.llama import LlamaShape
 from pageserve_kernels.block_moves import CopyBlocksFn, select_block_mover
 from pageserve_kernels.dispatch import copy_blocks_torch
@@ -64,9 +65,11 @@ class KVCache:
         self.layout = layout
         block = (layout.block_size, layout.num_kv_heads, layout.head_dim)
         # Zero-filled, not empty: padded decode slots are masked, and 0 * garbage-NaN would still poison.
-        self.device_pool = torch.zeros(
-            layout.num_layers, 2, layout.num_device_blocks, *block, dtype=layout.dtype, device=device
-        )
+        shape = (layout.num_layers, 2, layout.num_device_blocks, *block)
+        if torch.device(device).type == "cpu":  # read a few KB here and there: huge pages spare the TLB misses
+            self.device_pool = zeros_on_huge_pages(shape, layout.dtype)
+        else:
+            self.device_pool = torch.zeros(shape, dtype=layout.dtype, device=device)
         # Pinned when the device pool is on a GPU: swaps are then asynchronous DMA transfers.
         pin = self.device_pool.device.type == "cuda"
         self.cpu_pool = torch.zeros(

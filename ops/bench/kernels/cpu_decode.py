@@ -20,6 +20,7 @@ import time
 
 import torch
 
+from engine.worker.host_allocator import zeros_on_huge_pages
 from ops.bench.kernels import add_head_shape
 from pageserve_kernels import cpu_decode
 
@@ -63,8 +64,10 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--shared-prefix {a.shared_prefix} needs every context above {shared * bs} tokens")
     tables, num_blocks = block_tables(lens, bs, shared, gen)
     shape = (num_blocks, bs, a.kv_heads, a.head_dim)
-    pools = [(torch.randn(shape, generator=gen).to(dtype), torch.randn(shape, generator=gen).to(dtype))
-             for _ in range(a.layers)]
+    pool = zeros_on_huge_pages((a.layers, 2, *shape), dtype)  # the engine's KV pool (engine/worker/kv_cache.py)
+    for layer_kv in pool.view(-1, *shape):
+        layer_kv.copy_(torch.randn(shape, generator=gen))
+    pools = [(pool[layer, 0], pool[layer, 1]) for layer in range(a.layers)]
     query = torch.randn(a.requests, a.heads, a.head_dim, generator=gen).to(dtype)
     out = torch.empty_like(query)
     rows = torch.arange(a.requests)
