@@ -5,8 +5,8 @@
     cpu_decode.py       C: decode attention over the paged cache, float32 and bfloat16 (scalar, AVX2, AVX-512,
                         AVX512-BF16 loops; the fastest this host runs picked by choice.py)
     cpu_prefill.py      C: causal attention of every prompt chunk of a step over the paged cache, float32/bfloat16
-    cpu_gemm.py         C: products over prepacked weight panels, float32 (AVX2) and bfloat16 (AVX512-BF16),
-                        one of the candidates engine/worker/layers/linear.py times per row bucket
+    cpu_gemm.py         C: products over prepacked weight panels, float32 (AVX2) and bfloat16 (AVX512-BF16, and
+                        on AMX tiles over the same panels), candidates engine/worker/layers/linear.py times per row bucket
     cpu_fused.py        C: add + RMSNorm, SiLU-and-mul, rotary, argmax, KV row copies for the float32 CPU forward pass
     cpu_fused_bf16.py   C (omp simd, vectorised for the host): add + RMSNorm, SiLU-and-mul, rotary, exact logits
                         (the vocab product's near-maximum in float32) in bfloat16

@@ -43,7 +43,7 @@ from pageserve_kernels.cpu_decode import VARIANTS
 
 log = logging.getLogger("pageserve.engine")
 
-IMPLS = {"torch": 0, "onednn": 1, "panel": 2}  # llama_layers.cpp's `Dims::impl` codes
+IMPLS = {"torch": 0, "onednn": 1, "panel": 2, "amx": 3}  # llama_layers.cpp's `Dims::impl` codes
 TIMED_KINDS = ("C norms", "C rotary", "KV cache write", "C decode attention", "C silu_and_mul",
                "linear", "prompt attention")  # llama_layers.cpp's `Kind` order, as bench step-overhead names them
 _NONE = torch.empty(0, dtype=torch.int64)
@@ -58,7 +58,7 @@ class NativeLayers:
         self.isa, self.dot_products = isa, dot_products
         s = model.shape
         self.eps, self.scale = s.rms_norm_eps, s.head_dim**-0.5
-        self.prompts_in_c = kernels[7] != 0
+        self.prompts_in_c = kernels[-1] != 0  # the prefill kernel, last (llama_layers.cpp's Kernels)
         """Prompt chunks run the C prefill kernel (else PyTorch's attention, called from C++)."""
         self._layers: dict[tuple[str, ...], Any] = {}
         """llama_layers.cpp's `LlamaLayers` for each choice of products (row buckets sharing it share it)."""
@@ -143,7 +143,7 @@ def _product_weight(weight: torch.Tensor, plan: object, impl: str) -> torch.Tens
     assert isinstance(plan, LinearPlan)
     if impl == "onednn":
         return plan.packed["onednn"]  # type: ignore[return-value]
-    if impl == "panel":
+    if impl in ("panel", "amx"):  # the same panels (linear.py's LAYOUT)
         return plan.packed["panel"].panels  # type: ignore[attr-defined,no-any-return]
     return weight
 
@@ -177,7 +177,9 @@ def _kernel_addresses(model: LlamaModel, prompts_in_c: bool) -> list[int] | None
     if not all(fused_choice.native_wins(op, fused, dtype, tail) for op, tail in widths.items()):
         return None
     addresses = [fused.address(op) for op in ("rms_norm", "add_rms_norm", "rotary", "silu_and_mul")]
-    addresses += [store.address("store_kv"), decode.address(dtype), 0 if gemm is None else gemm.address()]
+    amx = cpu_gemm.load_amx() if dtype == torch.bfloat16 else None
+    addresses += [store.address("store_kv"), decode.address(dtype), 0 if gemm is None else gemm.address(),
+                  0 if amx is None else amx.address()]
     prompts = prompts_in_c and prefill is not None and cpu_prefill.supports(dtype, s.head_dim)
     addresses.append(prefill.address(dtype) if prompts else 0)  # type: ignore[union-attr]
     return None if 0 in addresses[:6] else addresses

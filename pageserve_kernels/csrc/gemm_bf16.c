@@ -1,8 +1,10 @@
 /* bfloat16 products over prepacked 32-column weight panels, AVX512-BF16 dot products with float32
-   accumulation (bound by pageserve_kernels/cpu_gemm.py, whose docstring explains the layout);
+   accumulation, and (gemm_bf16_amx, where the build has AMX-BF16) the same on AMX tiles
+   (bound by pageserve_kernels/cpu_gemm.py, whose docstring explains the layout);
    compiled by pageserve_kernels/native_build.py on hosts whose flags include avx512f and avx512_bf16. */
 #include <immintrin.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
@@ -101,3 +103,99 @@ void gemm_bf16(const void *A_, int64_t lda, const void *panels_, const void *bia
                           ncols);
         }
 }
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+/* The same product on AMX tiles, over the same panels: a panel's pairs are rows of 32 columns x 2
+   (128 bytes), so 16 consecutive pairs of its first or last 16 columns are a right-hand tile as they lie
+   (stride 128 bytes), and 16 rows x 32 k of A a left-hand tile as x lies. Each block of 32 rows x one
+   panel keeps four 16 x 16 float32 sums in tiles 0-3 over the whole k; tiles 4-5 hold A, 6-7 the panel.
+   Every output element is still one float32 chain over k in order (32 at a time), whatever the row
+   count: batch-invariant as the AVX512-BF16 kernel. K must be a multiple of 32. Threads split the
+   panels, so the weights stream from memory once per call (per 256 rows for prompt steps: x's chunk
+   stays in L2). Linux grants a process the tile state only when asked (gemm_bf16_amx_permitted). */
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define AMX_CHUNK 256
+
+int gemm_bf16_amx_permitted(void) {
+    static int granted = -1; /* ARCH_REQ_XCOMP_PERM (0x1023) for XFEATURE_XTILEDATA (18), Linux 5.16+ */
+    if (granted < 0) granted = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+    return granted;
+}
+
+static void amx_configure(void) {
+    struct __attribute__((aligned(64))) {
+        uint8_t palette, start_row, reserved[14];
+        uint16_t colsb[16];
+        uint8_t rows[16];
+    } c = {0};
+    c.palette = 1;
+    for (int t = 0; t < 8; t++) c.rows[t] = 16, c.colsb[t] = 64;
+    _tile_loadconfig(&c);
+}
+
+/* C[0:rows, 0:ncols] = A[0:rows] . panel (+ bias) for rows <= 32 (A padded to whole 16-row tiles). */
+static void amx_block(const uint16_t *a, int64_t lda, const uint16_t *b, int64_t K, const uint16_t *bias,
+                      uint16_t *c, int64_t ldc, int64_t rows, int64_t ncols) {
+    float sums[32 * 32] __attribute__((aligned(64)));
+    _tile_zero(0); _tile_zero(1);
+    if (rows > 16) {
+        _tile_zero(2); _tile_zero(3);
+        for (int64_t k = 0; k < K; k += 32) {
+            _tile_loadd(4, a + k, lda * 2); _tile_loadd(5, a + 16 * lda + k, lda * 2);
+            _tile_loadd(6, b + k * 32, 128); _tile_loadd(7, b + k * 32 + 32, 128);
+            _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7); _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7);
+        }
+        _tile_stored(2, sums + 16 * 32, 128); _tile_stored(3, sums + 16 * 32 + 16, 128);
+    } else {
+        for (int64_t k = 0; k < K; k += 32) {
+            _tile_loadd(4, a + k, lda * 2); _tile_loadd(6, b + k * 32, 128); _tile_loadd(7, b + k * 32 + 32, 128);
+            _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7);
+        }
+    }
+    _tile_stored(0, sums, 128); _tile_stored(1, sums + 16, 128);
+    const __m512 bias0 = bias ? bf16_to_f32(bias) : _mm512_setzero_ps(), bias1 = bias ? bf16_to_f32(bias + 16) : bias0;
+    for (int64_t r = 0; r < rows; r++) {
+        uint16_t out[32];
+        store_bf16(out, _mm512_add_ps(_mm512_load_ps(sums + 32 * r), bias0));
+        store_bf16(out + 16, _mm512_add_ps(_mm512_load_ps(sums + 32 * r + 16), bias1));
+        memcpy(c + r * ldc, out, ncols * sizeof(uint16_t));
+    }
+}
+
+void gemm_bf16_amx(const void *A_, int64_t lda, const void *panels_, const void *bias_, void *C_, int64_t M,
+                   int64_t N, int64_t K, int nthreads) {
+    if (K % 32 || !gemm_bf16_amx_permitted()) { gemm_bf16(A_, lda, panels_, bias_, C_, M, N, K, nthreads); return; }
+    const uint16_t *A = A_, *panels = panels_, *bias = bias_;
+    uint16_t *C = C_, *padded = NULL;
+    if (M % 16) { /* the last tile's rows past M read zeros, not memory past x */
+        const int64_t rows = (M + 15) / 16 * 16;
+        padded = (uint16_t *)calloc(rows * K, sizeof(uint16_t));
+        for (int64_t r = 0; r < M; r++) memcpy(padded + r * K, A + r * lda, K * sizeof(uint16_t));
+        A = padded, lda = K;
+    }
+    const int64_t n_panels = (N + 31) / 32;
+#pragma omp parallel num_threads(nthreads)
+    {
+        amx_configure();
+        for (int64_t m0 = 0; m0 < M; m0 += AMX_CHUNK) {
+            const int64_t m1 = m0 + AMX_CHUNK < M ? m0 + AMX_CHUNK : M;
+#pragma omp for schedule(static)
+            for (int64_t p = 0; p < n_panels; p++) {
+                const int64_t ncols = N - p * 32 < 32 ? N - p * 32 : 32;
+                uint16_t bias_tail[32] = {0};
+                const uint16_t *bias_p = bias ? bias + p * 32 : NULL;
+                if (bias && ncols < 32) memcpy(bias_tail, bias_p, ncols * sizeof(uint16_t)), bias_p = bias_tail;
+                for (int64_t m = m0; m < m1; m += 32)
+                    amx_block(A + m * lda, lda, panels + p * (K / 2) * 64, K, bias_p, C + m * N + p * 32, N,
+                              m1 - m < 32 ? m1 - m : 32, ncols);
+            }
+        }
+        _tile_release();
+    }
+    free(padded);
+}
+#else
+int gemm_bf16_amx_permitted(void) { return 0; }
+#endif

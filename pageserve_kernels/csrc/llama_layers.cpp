@@ -49,6 +49,7 @@ struct Kernels {
     StoreKv store_kv;
     PagedDecode decode;
     Gemm gemm;           // the model dtype's panel GEMM (gemm_f32 or gemm_bf16); null where it did not load
+    Gemm gemm_amx;       // the bfloat16 one on AMX tiles over the same panels (gemm_bf16_amx); null: none here
     void* prefill;       // PrefillF32 or PrefillBf16 by the model's dtype; null: prompt chunks run PyTorch's SDPA
 };
 
@@ -56,7 +57,7 @@ struct Kernels {
 struct Dims {
     int64_t n_q, n_kv, hd, isa;
     int64_t dot_products;  // the bfloat16 prefill kernel's flag; -1 for a float32 model
-    int64_t impl[4];  // qkv, o, gate_up, down: 0 at::linear, 1 oneDNN packed, 2 panel GEMM
+    int64_t impl[4];  // qkv, o, gate_up, down: 0 at::linear, 1 oneDNN packed, 2 panel GEMM, 3 its AMX twin
     int64_t out[4];   // their output widths
 };
 
@@ -95,9 +96,10 @@ at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& packed) {
 at::Tensor linear(const Kernels& k, int64_t impl, const at::Tensor& x, const at::Tensor& w, int64_t n, int threads) {
     if (impl == 1) return onednn_linear(x, w);
     if (impl == 0) return at::linear(x, w);
-    TORCH_CHECK(k.gemm != nullptr && x.scalar_type() == w.scalar_type() && x.stride(1) == 1, "panel GEMM unavailable");
+    const Gemm gemm = impl == 3 ? k.gemm_amx : k.gemm;
+    TORCH_CHECK(gemm != nullptr && x.scalar_type() == w.scalar_type() && x.stride(1) == 1, "panel GEMM unavailable");
     auto out = at::empty({x.size(0), n}, x.options());
-    k.gemm(x.data_ptr(), x.stride(0), w.data_ptr(), nullptr, out.data_ptr(), x.size(0), n, x.size(1), threads);
+    gemm(x.data_ptr(), x.stride(0), w.data_ptr(), nullptr, out.data_ptr(), x.size(0), n, x.size(1), threads);
     return out;
 }
 
@@ -259,12 +261,13 @@ struct LlamaLayers : torch::CustomClassHolder {
     LlamaLayers(std::vector<at::Tensor> layers_, std::vector<int64_t> kernels, std::vector<int64_t> dims,
                 double eps_, double scale_)
         : layers(std::move(layers_)), eps(eps_), scale(scale_) {
-        TORCH_CHECK(kernels.size() == 8 && dims.size() == 13 && !layers.empty() && layers.size() % 8 == 0,
+        TORCH_CHECK(kernels.size() == 9 && dims.size() == 13 && !layers.empty() && layers.size() % 8 == 0,
                     "LlamaLayers: bad kernel, dimension or layer lists");
         k = Kernels{reinterpret_cast<RmsNorm>(kernels[0]), reinterpret_cast<AddRmsNorm>(kernels[1]),
                     reinterpret_cast<Rotary>(kernels[2]), reinterpret_cast<SiluAndMul>(kernels[3]),
                     reinterpret_cast<StoreKv>(kernels[4]), reinterpret_cast<PagedDecode>(kernels[5]),
-                    reinterpret_cast<Gemm>(kernels[6]), reinterpret_cast<void*>(kernels[7])};
+                    reinterpret_cast<Gemm>(kernels[6]), reinterpret_cast<Gemm>(kernels[7]),
+                    reinterpret_cast<void*>(kernels[8])};
         d = Dims{dims[0], dims[1], dims[2], dims[3], dims[4], {dims[5], dims[6], dims[7], dims[8]},
                  {dims[9], dims[10], dims[11], dims[12]}};
         for (size_t i = 6; i < layers.size(); i += 8)

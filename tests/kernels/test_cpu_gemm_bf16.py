@@ -1,7 +1,11 @@
-"""pageserve_kernels/cpu_gemm.py's bfloat16 panel GEMM (AVX512-BF16) against float64 products of the same
-bfloat16 values, and its place in engine/worker/layers/linear.py and the C++ layers' product call."""
+"""pageserve_kernels/cpu_gemm.py's bfloat16 panel GEMM (AVX512-BF16) and its AMX twin against float64 products
+of the same bfloat16 values, and their place in engine/worker/layers/linear.py and the C++ layers' product call."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -9,11 +13,14 @@ import torch.nn.functional as F
 
 from engine.worker.layers import linear as linear_mod
 from pageserve_kernels import choice, cpu_gemm
+from pageserve_kernels.cpu_features import cpu_flags
 from tests.kernels.test_cpu_gemm import assert_batch_invariant
 
 native = cpu_gemm.load(torch.bfloat16)
 needs_native = pytest.mark.skipif(native is None, reason="no AVX512-BF16 CPU or no C compiler: oneDNN path only")
 BF16 = torch.bfloat16
+amx = cpu_gemm.load_amx()
+needs_amx = pytest.mark.skipif(amx is None, reason="no AMX-BF16 on this CPU: the AVX512-BF16 kernel only")
 
 
 def reference(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -74,3 +81,72 @@ def test_layers_offer_the_panel_gemm_for_bfloat16_cpu_weights(monkeypatch: pytes
     out = linear_mod.linear(x, w, packed, bias)
     assert out.dtype == BF16
     torch.testing.assert_close(out.float(), reference(x, w, bias), rtol=2**-7, atol=1e-3)
+
+
+def test_the_amx_product_is_offered_exactly_where_the_cpu_has_amx() -> None:
+    assert (amx is not None) == (native is not None and {"amx_bf16", "amx_tile"} <= cpu_flags())
+    assert ("amx" in linear_mod.candidates(BF16)) == (amx is not None)
+    assert "amx" not in linear_mod.candidates(torch.float32)
+
+
+@needs_amx
+@pytest.mark.parametrize("m", [1, 2, 15, 16, 17, 33, 64, 97, 300])
+@pytest.mark.parametrize(("n", "k"), [(576, 576), (960, 576), (100, 64), (37, 32), (1536, 1536), (40, 37)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_amx_matches_float64_product_within_one_rounding(m: int, n: int, k: int, with_bias: bool) -> None:
+    """Row tiles of 16 and blocks of 32 whole and cut short, 256-row chunks, a last panel of 4 or 5 columns,
+    and a K that is no multiple of 32 (the AVX512-BF16 kernel takes it)."""
+    g = torch.Generator().manual_seed(m * 1000 + n + k)
+    x, w = torch.randn(m, k, generator=g).to(BF16), torch.randn(n, k, generator=g).to(BF16)
+    bias = torch.randn(n, generator=g).to(BF16) if with_bias else None
+    out = amx.linear(x, cpu_gemm.pack_panels(w), bias)
+    assert out.shape == (m, n) and out.dtype == BF16
+    torch.testing.assert_close(out.float(), reference(x, w, bias), rtol=2**-7, atol=1e-4 * k**0.5)
+
+
+@needs_amx
+def test_amx_reads_strided_rows_and_nothing_past_the_last_one() -> None:
+    """A short last tile reads zero rows, not the memory after x (here NaN, which zero would not cancel)."""
+    w = torch.randn(64, 64).to(BF16)
+    base = torch.full((8, 96), float("nan")).to(BF16)
+    base[:5, 16:80] = torch.randn(5, 64).to(BF16)
+    x = base[:5, 16:80]  # rows 96 apart; the rest NaN
+    out = amx.linear(x, cpu_gemm.pack_panels(w))
+    assert torch.isfinite(out.float()).all()
+    torch.testing.assert_close(out.float(), reference(x, w, None), rtol=2**-7, atol=1e-3)
+
+
+GUARDED_ROWS = textwrap.dedent("""
+    import ctypes, mmap, torch
+    from pageserve_kernels import cpu_gemm
+    page, k, rows = mmap.PAGESIZE, 64, 5
+    buf = mmap.mmap(-1, 2 * page)
+    start = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    assert ctypes.CDLL(None).mprotect(ctypes.c_void_p(start + page), ctypes.c_size_t(page), 0) == 0  # PROT_NONE
+    x = torch.frombuffer(buf, dtype=torch.bfloat16, count=page // 2)[-rows * k:].view(rows, k)  # ends at the guard
+    x.copy_(torch.randn(rows, k).to(torch.bfloat16))
+    out = cpu_gemm.load_amx().linear(x, cpu_gemm.pack_panels(torch.randn(32, k).to(torch.bfloat16)))
+    print(bool(torch.isfinite(out.float()).all()))
+""")
+
+
+@needs_amx
+def test_amx_never_reads_a_row_past_the_batch() -> None:
+    """x's last row ends where an unreadable page begins: a 16-row tile loaded from x itself would fault."""
+    done = subprocess.run([sys.executable, "-c", GUARDED_ROWS], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.split()[-1] == "True", done.stderr[-2000:]
+
+
+@needs_amx
+def test_an_amx_row_gets_the_same_bits_alone_in_any_batch_and_on_any_thread_count() -> None:
+    assert_batch_invariant(amx, BF16, 16)
+
+
+@needs_amx
+def test_layers_run_amx_over_the_panel_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(linear_mod, "_PLANS", {})
+    monkeypatch.setenv(choice.FORCE_ENV, "linear=amx")
+    w, bias, x = torch.randn(40, 64).to(BF16), torch.randn(40).to(BF16), torch.randn(5, 64).to(BF16)
+    packed = linear_mod.pack(w)
+    assert packed is not None and set(packed.impls) == {"amx"} and set(packed.packed) == {"panel"}
+    assert torch.equal(linear_mod.linear(x, w, packed, bias), amx.linear(x, packed.packed["panel"], bias))

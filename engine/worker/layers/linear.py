@@ -6,6 +6,8 @@ disk per host:
   - "panel": our GEMM over column panels (pageserve_kernels/cpu_gemm.py), batch-invariant:
     float32 on AVX2 (the fastest on AVX2-only hosts at every size), bfloat16 on AVX512-BF16
     (1.1-1.6x oneDNN at decode batches on an AMD EPYC Zen 4);
+  - "amx": the same panels multiplied on AMX tiles (bfloat16, hosts with AMX-BF16): 1.3-2.3x oneDNN
+    at 1-16 rows on an Intel Xeon with AMX;
   - "onednn": oneDNN's blocked layout (float32 and bfloat16): on AVX-512/AMX hosts
     the faster one from about 16 rows up;
   - "torch": F.linear (MKL for float32): the fallback everywhere.
@@ -38,6 +40,7 @@ MAX_TIMED_FLOP = 8e9  # larger buckets take the choice of the largest one timed
 WARM_BYTES = 48 << 20  # decode buckets cycle through this many bytes of weight copies: out of cache, as in a step
 
 Product = Callable[[torch.Tensor], torch.Tensor]
+LAYOUT = {"amx": "panel"}  # implementations that multiply another's packed weight: one copy serves both
 
 
 @dataclass(frozen=True)
@@ -46,7 +49,7 @@ class LinearPlan:
 
     upper_rows: tuple[int, ...]  # bucket i covers rows up to upper_rows[i] (the last: any)
     impls: tuple[str, ...]  # the implementation of each bucket
-    packed: dict[str, object]  # implementation -> its packed weight (None for "torch")
+    packed: dict[str, object]  # layout (LAYOUT, else the implementation) -> its packed weight (None for "torch")
 
     def impl_for(self, rows: int) -> str:
         return self.impls[min(bisect.bisect_left(self.upper_rows, rows), len(self.impls) - 1)]
@@ -62,6 +65,8 @@ def candidates(dtype: torch.dtype) -> list[str]:
     names = []
     if cpu_gemm.load(dtype) is not None:
         names.append("panel")
+    if dtype == torch.bfloat16 and cpu_gemm.load_amx() is not None:
+        names.append("amx")
     if dtype in (torch.float32, torch.bfloat16) and torch.backends.mkldnn.is_available():
         names.append("onednn")
     names.append("torch")
@@ -76,7 +81,7 @@ def pack(weight: torch.Tensor) -> Packed | None:
     if key not in _PLANS:
         _PLANS[key] = choose_impls(weight.shape[0], weight.shape[1], weight.dtype)
     impls = _PLANS[key]
-    packed = {name: _pack_as(name, weight) for name in set(impls)}
+    packed = {layout: _pack_as(layout, weight) for layout in {LAYOUT.get(name, name) for name in impls}}
     return LinearPlan(_upper_rows(), impls, packed)
 
 
@@ -137,7 +142,7 @@ def _upper_rows() -> tuple[int, ...]:
 
 def _packs(name: str, dtype: torch.dtype) -> bool:
     try:
-        _pack_as(name, torch.zeros(16, 16, dtype=dtype))
+        _pack_as(LAYOUT.get(name, name), torch.zeros(16, 16, dtype=dtype))
     except (RuntimeError, AttributeError):
         return False
     return True
@@ -160,7 +165,8 @@ def _timers(names: list[str], n: int, k: int, dtype: torch.dtype, rows: int) -> 
     x = torch.randn(rows, k).to(dtype)
     out = {}
     for name in names:
-        plans = [LinearPlan((), (name,), {name: _pack_as(name, w)}) for w in weights]
+        layout = LAYOUT.get(name, name)
+        plans = [LinearPlan((), (name,), {layout: _pack_as(layout, w)}) for w in weights]
         turn = itertools.cycle(list(zip(weights, plans, strict=True)))
         out[name] = lambda turn=turn: linear(x, *next(turn))
     return out
@@ -171,8 +177,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, packed: Packed | None,
     if packed is None:
         return F.linear(x, weight, bias)
     impl = packed.impl_for(x.shape[0])
-    if impl == "panel" and x.dtype == weight.dtype:
-        native = cpu_gemm.load(x.dtype)
+    if impl in ("panel", "amx") and x.dtype == weight.dtype:
+        native = cpu_gemm.load(x.dtype) if impl == "panel" else cpu_gemm.load_amx()
         assert native is not None  # a panel plan exists only where the kernel loaded
         return native.linear(x, packed.packed["panel"], bias)  # type: ignore[arg-type]
     if impl == "onednn" and x.dtype == weight.dtype:

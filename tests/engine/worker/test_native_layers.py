@@ -22,7 +22,7 @@ from engine.step_failures import RequestsFailed
 from engine.worker.input_batch import StepInputs
 from engine.worker.layers import linear as linear_mod
 from engine.worker.native_layers import TIMED_KINDS, NativeLayers
-from pageserve_kernels import choice, cpu_gemm, cpu_prefill, fused_choice, prefill_choice, torch_ops
+from pageserve_kernels import choice, cpu_prefill, fused_choice, prefill_choice, torch_ops
 from shared.sampling import SamplingParams
 from tests.engine.model_fixtures import random_prompts
 from tests.support.tiny_model import tiny_llama_folder
@@ -94,15 +94,15 @@ def step_kinds(native: NativeLayers) -> list[tuple[bool, bool, bool, bool]]:
     return seen
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("products", ["measured", "panel"])
+@pytest.mark.parametrize(("dtype", "products"), [("float32", "measured"), ("float32", "panel"), ("bfloat16", "measured"),
+                                                 ("bfloat16", "panel"), ("bfloat16", "amx")])
 def test_every_step_equals_the_python_layers(model_dir: Path, dtype: str, products: str,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    if products == "panel":  # the dtype's own GEMM from C++, whatever the timing would pick for the tiny widths
-        if cpu_gemm.load(getattr(torch, dtype)) is None:
-            pytest.skip(f"no {dtype} panel GEMM on this CPU")
+    if products != "measured":  # one of our GEMMs from C++, whatever the timing would pick for the tiny widths
+        if products not in linear_mod.candidates(getattr(torch, dtype)):
+            pytest.skip(f"no {dtype} {products} GEMM on this CPU")
         monkeypatch.setattr(linear_mod, "_PLANS", {})
-        monkeypatch.setenv(choice.FORCE_ENV, "linear=panel")
+        monkeypatch.setenv(choice.FORCE_ENV, f"linear={products}")
     llm = make(model_dir, dtype)
     rows = compared_with_python(llm)
     seen = step_kinds(llm.core.runner.fast_forward)  # type: ignore[arg-type]
