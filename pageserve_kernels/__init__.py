@@ -5,6 +5,7 @@
     cpu_decode.py       C: decode attention over the paged cache, float32 and bfloat16 (scalar, AVX2, AVX-512,
                         AVX512-BF16 loops; the fastest this host runs picked by choice.py)
     cpu_prefill.py      C: causal attention of every prompt chunk of a step over the paged cache, float32/bfloat16
+                        (bfloat16 products on AMX tiles where the host has them: csrc/prefill_amx.h)
     cpu_gemm.py         C: products over prepacked weight panels, float32 (AVX2) and bfloat16 (AVX512-BF16, and
                         on AMX tiles over the same panels), candidates engine/worker/layers/linear.py times per row bucket
     cpu_fused.py        C: add + RMSNorm, SiLU-and-mul, rotary, argmax, KV row copies for the float32 CPU forward pass

@@ -25,7 +25,9 @@ float32 and each output is rounded to bfloat16 once: on an AMD EPYC with AVX512-
 PyTorch's bfloat16 attention took 626 ms of a 2,048-token prompt step where this kernel
 takes about as long as its float32 run (~290 ms). Where the build has AVX512-BF16, a bfloat16
 tile's S = Q . K^T instead comes from the tensors' own bfloat16 pairs by `_mm512_dpbf16_ps`
-(exact products summed in float32; `NativePrefill.dot_products`), P . V as above.
+(exact products summed in float32; `NativePrefill.dot_products`), P . V as above. Where it has AMX,
+both products run on tiles (csrc/prefill_amx.h): S from the same pairs, and O += P . V with P in two
+bfloat16 parts (hi + lo, within ~2^-16 of the float32 P), the softmax between them unchanged.
 
 pageserve_kernels/csrc/prefill_attention.c, compiled on first use (pageserve_kernels/native_build.py); without AVX2+FMA, a compiler,
 or with PAGESERVE_NATIVE_KERNELS=0, `load()` returns None and chunks keep
@@ -58,10 +60,14 @@ class NativePrefill:
         args = [p, i, p, p, p, p, p, p, p, i, i, i, i, i, i, ctypes.c_float, ctypes.c_int]
         for dtype, fn in self._fns.items():  # the bfloat16 entry takes one more: dot_products
             fn.restype, fn.argtypes = None, args + ([ctypes.c_int] if dtype == torch.bfloat16 else [])
+        lib.prefill_attention_has_amx.restype = ctypes.c_int
         self.has_dot_products = bool(lib.prefill_attention_has_dpbf16())
         """bfloat16 Q . K^T by AVX512-BF16 dot products is compiled in (the host has the instructions)."""
-        self.dot_products = self.has_dot_products
-        """Use them for bfloat16 (tests turn it off to check the widening path on the same host)."""
+        self.has_amx = bool(lib.prefill_attention_has_amx())
+        """Both bfloat16 products on AMX tiles are compiled in and Linux granted the process their state."""
+        self.dot_products = 2 if self.has_amx else int(self.has_dot_products)
+        """bfloat16 products: 2 AMX tiles, 1 AVX512-BF16 dot products for Q . K^T, 0 keys widened to float32
+        (the best this build has; tests set the others to check every path the host runs)."""
 
     def address(self, dtype: torch.dtype) -> int:
         """The C function for `dtype`, for pageserve_kernels/csrc/llama_layers.cpp."""

@@ -208,7 +208,7 @@ INLINE void gather_block(const void *kc, const void *vc, const int64_t *slots, i
         transpose16x16(r);
         for (int64_t i = 0; i < left; i++) _mm512_storeu_si512(kt32 + (col + i) * 16, r[i]);
     }
-    for (int64_t j = 0; j < n; j++) /* hd is a multiple of 16 (cpu_prefill.supports) */
+    for (int64_t j = 0; j < n && dp < 2; j++) /* hd a multiple of 16 (cpu_prefill.supports); AMX (2): prefill_amx.h */
         for (int64_t d = 0; d < hd; d += 16)
             _mm512_storeu_si512(vs + j * hd + d, row_chunk(vc, slots, j, n, hd, d, 0xFFFF, bf16, 0));
 #else

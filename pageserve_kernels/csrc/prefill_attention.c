@@ -51,6 +51,12 @@ static void product(int64_t rows, const float *a, int64_t lda, const float *b, i
 #if defined(__AVX512F__)
 #include "values_avx512.h" /* weigh_block_512 */
 #endif
+#if HAVE_DPBF16 && defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#define HAVE_AMX 1
+#include "prefill_amx.h" /* amx_scores, amx_values: both products on tiles (dp == 2) */
+#else
+#define HAVE_AMX 0
+#endif
 
 /* o[r] += p[r, 0:n] . vs[0:n] for r < rows (P . V of one block of keys; p rows 16 apart, hd a multiple of 16). */
 static void weigh_values(int64_t rows, const float *p, const float *vs, int64_t n, float *o, int64_t hd) {
@@ -67,7 +73,7 @@ INLINE void attend_tile(const void *q, int64_t q_stride, const void *kc, const v
                         int64_t start, int64_t context_len, const int64_t *table, int64_t t0, int64_t t1,
                         int64_t h, int64_t grp, int64_t n_kv, int64_t hd, int64_t bs, float scale,
                         float *qs, float *o, float *s, float *kt, float *vs, float *mx, float *sums, int bf16,
-                        int dp) {
+                        int dp, uint16_t *vt, uint16_t *pt) {
     const int64_t n_q = n_kv * grp, rows = (t1 - t0) * grp;
     /* bfloat16 with AVX512-BF16: Q . K^T from the tensors' own bfloat16 pairs (qs and kt then hold
        uint32 pairs, the scale is applied to the sums); softmax and P . V stay in float32 as below. */
@@ -80,6 +86,10 @@ INLINE void attend_tile(const void *q, int64_t q_stride, const void *kc, const v
         int64_t slots[16];
         key_slots(table, s0, n, bs, n_kv, h, slots);
         gather_block(kc, vc, slots, n, hd, kt, vs, bf16, dp);
+#if HAVE_AMX
+        if (dp == 2) amx_scores(rows, (const uint16_t *)qs, hd, (const uint32_t *)kt, scale, s);
+        else
+#endif
 #if HAVE_DPBF16
         if (dp) scores_dpbf16(rows, (const uint32_t *)qs, hd / 2, (const uint32_t *)kt, scale, s); /* pairs */
         else
@@ -92,6 +102,14 @@ INLINE void attend_tile(const void *q, int64_t q_stride, const void *kc, const v
             if (seen <= 0) memset(sr, 0, 16 * sizeof(float));
             else online_softmax(sr, seen, mx + r, sums + 16 * r, o + r * hd, hd);
         }
+#if HAVE_AMX
+        if (dp == 2) {
+            amx_gather_values((const uint16_t *)vc, slots, n, hd, vt);
+            amx_values(rows, s, vt, o, hd, pt);
+            continue;
+        }
+#endif
+        (void)vt, (void)pt;
         weigh_values(rows, s, vs, n, o, hd);
     }
     for (int64_t t = t0; t < t1; t++)
@@ -126,15 +144,26 @@ INLINE void prefill_attention(const void *q, int64_t q_stride, const void *kc, c
         float *kt = (float *)aligned_alloc(64, sizeof(float) * hd * 16);
         float *vs = (float *)aligned_alloc(64, sizeof(float) * hd * 16);
         float *mx = (float *)malloc(sizeof(float) * rows_max), *sums = (float *)malloc(sizeof(float) * 16 * rows_max);
+        uint16_t *vt = NULL, *pt = NULL;
+#if HAVE_AMX
+        if (dp == 2) {
+            amx_tiles();
+            vt = (uint16_t *)aligned_alloc(64, sizeof(uint16_t) * hd * 16);
+            pt = (uint16_t *)aligned_alloc(64, sizeof(uint16_t) * 512);
+        }
+#endif
 #pragma omp for schedule(dynamic, 1)
         for (int64_t k = 0; k < n_tasks; k++) {
             const int64_t j = n_tasks - 1 - k; /* later tiles see more keys: start with them */
             const int64_t c = task[3 * j], t0 = task[3 * j + 1], h = task[3 * j + 2];
             const int64_t t1 = t0 + TILE_TOKENS < lens[c] ? t0 + TILE_TOKENS : lens[c];
             attend_tile(q, q_stride, kc, vc, out, starts[c], context_lens[c], tables + c * max_blocks, t0, t1, h,
-                        grp, n_kv, hd, bs, scale, qs, o, s, kt, vs, mx, sums, bf16, dp);
+                        grp, n_kv, hd, bs, scale, qs, o, s, kt, vs, mx, sums, bf16, dp, vt, pt);
         }
-        free(qs); free(o); free(s); free(kt); free(vs); free(mx); free(sums);
+        free(qs); free(o); free(s); free(kt); free(vs); free(mx); free(sums); free(vt); free(pt);
+#if HAVE_AMX
+        if (dp == 2) _tile_release();
+#endif
     }
     free(task);
 }
@@ -148,10 +177,17 @@ void prefill_attention_f32(const float *q, int64_t q_stride, const float *kc, co
 }
 
 /* The same on bfloat16 tensors (uint16_t bit patterns); results rounded to bfloat16 once, at the end.
-   dot_products: Q . K^T with AVX512-BF16 where this build has it (prefill_attention_has_dpbf16), else
-   (or 0) from the keys widened to float32. Both are exact products summed in float32. */
+   dot_products: 2, both products on AMX tiles (prefill_amx.h) where this build has them, Linux grants their
+   state and hd is a multiple of 32; else 1 (or 2), Q . K^T with AVX512-BF16 where this build has it
+   (prefill_attention_has_dpbf16); else (or 0) from the keys widened to float32. */
 void prefill_attention_bf16(const uint16_t *q, int64_t q_stride, const uint16_t *kc, const uint16_t *vc, uint16_t *out,
                             PREFILL_ARGS, int dot_products) {
+#if HAVE_AMX
+    if (dot_products == 2 && hd % 32 == 0 && amx_permitted()) {
+        prefill_attention(q, q_stride, kc, vc, out, PREFILL_PASS, 1, 2);
+        return;
+    }
+#endif
 #if HAVE_DPBF16
     if (dot_products) { prefill_attention(q, q_stride, kc, vc, out, PREFILL_PASS, 1, 1); return; }
 #endif
@@ -160,3 +196,11 @@ void prefill_attention_bf16(const uint16_t *q, int64_t q_stride, const uint16_t 
 }
 
 int prefill_attention_has_dpbf16(void) { return HAVE_DPBF16; }
+
+int prefill_attention_has_amx(void) {
+#if HAVE_AMX
+    return amx_permitted();
+#else
+    return 0;
+#endif
+}

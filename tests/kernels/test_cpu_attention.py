@@ -174,26 +174,30 @@ def _build_without_avx512() -> cpu_prefill.NativePrefill | None:
 
 
 @pytest.mark.parametrize(("build", "dtype", "dots"), [
-    ("native", torch.float32, False), ("native", torch.bfloat16, False), ("native", torch.bfloat16, True),
-    ("no-avx512", torch.float32, False), ("no-avx512", torch.bfloat16, False),  # dot products need AVX-512
+    ("native", torch.float32, 0), ("native", torch.bfloat16, 0), ("native", torch.bfloat16, 1),
+    ("native", torch.bfloat16, 2),  # AMX tiles
+    ("no-avx512", torch.float32, 0), ("no-avx512", torch.bfloat16, 0),  # dot products need AVX-512
 ])
 @pytest.mark.parametrize("block_size", [16, 5, 32])
 @pytest.mark.parametrize(("hd", "n_q", "n_kv"), [(64, 9, 3), (16, 4, 4), (32, 8, 1), (48, 12, 1)])
 def test_native_prefill_matches_reference(block_size: int, hd: int, n_q: int, n_kv: int, dtype: torch.dtype,
-                                          dots: bool, build: str, monkeypatch: pytest.MonkeyPatch) -> None:
+                                          dots: int, build: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Prompt chunks in the C kernel: fresh and continued, any block size, NaN in every unused slot.
 
     bfloat16: the float32 attention of the same (bfloat16) values, rounded once: within one
     bfloat16 rounding step of it (2^-8 relative), far tighter than a bfloat16 computation would be;
-    both ways of taking Q . K^T (keys widened to float32, or AVX512-BF16 dot products where built).
+    every way of taking the products the host runs (keys widened to float32, AVX512-BF16 dot products for
+    Q . K^T, or both products on AMX tiles with P in two bfloat16 parts).
     12 query heads on one KV head: 12 x 32 rows per tile, past the dot products' eight-row groups.
     """
     kernel = cpu_prefill.load() if build == "native" else _build_without_avx512()
     if kernel is None:
         pytest.skip("no AVX2+FMA or no C compiler: the native prefill kernel cannot be built")
     monkeypatch.setattr(cpu_prefill, "load", lambda: kernel)
-    if dots and not kernel.has_dot_products:
+    if dots == 1 and not kernel.has_dot_products:
         pytest.skip("no AVX512-BF16 on this host: the dot-product path is not built here")
+    if dots == 2 and not kernel.has_amx:
+        pytest.skip("no AMX-BF16 on this host: the tile path is not built here")
     monkeypatch.setattr(kernel, "dot_products", dots)
     q_lens, seq_lens = PREFILL_MIX
     args = _batch(q_lens, seq_lens, n_q=n_q, n_kv=n_kv, hd=hd, block_size=block_size, seed=hd + block_size,
