@@ -84,7 +84,8 @@ def serving_prefill_budget(config: SchedulerConfig, running: list[Request], wait
                            costs: StepCosts, now: float, live: Mapping[str, SampleState]) -> int | None:
     """The serving mode's prompt-token bound for a step: set while any running stream generates; in
     time (prefill_stall_factor, from the measured step costs) under the token cap, lifted while prompt
-    tokens wait (queued, or part-prefilled), so that a backlog drains within costs.backlog_drain_s.
+    tokens wait (queued, or part-prefilled), so that a backlog drains within costs.backlog_drain_s (up to
+    the step's whole token budget: a saturated server admits as vLLM's does, not a cap's worth a step).
     Only prompts that have waited BACKLOG_AGE_S by `now` (`live`: when each was queued) count: a
     queue that outlives that is a saturated server's, a younger burst is the stall bound's."""
     cap = config.max_prefill_tokens_while_decoding
@@ -99,4 +100,4 @@ def serving_prefill_budget(config: SchedulerConfig, running: list[Request], wait
         backlog = sum(r.num_tokens - r.num_computed_tokens for r in waiting if old(r))
         backlog += sum(r.num_prompt_tokens - r.num_computed_tokens for r in running
                        if r.num_computed_tokens < r.num_prompt_tokens and old(r))
-    return costs.prompt_budget(cap, backlog)
+    return costs.prompt_budget(cap, backlog, max(cap, config.max_num_batched_tokens))

@@ -16,8 +16,9 @@ them under stall_factor x a decode-only step:
                     the budget never drops below what arrives per step, or the queue only grows
     backlog         prompt tokens queued or part-prefilled for BACKLOG_AGE_S or more (the scheduler's
                     count): with backlog_drain_s set, the budget admits enough that they drain within about that
-                    long, TTFT and throughput under load bought with longer steps (off here; the engine
-                    process sets 0.5 s: engine/serving/main.py says why)
+                    long, up to the step's whole token budget (not the cap, which bounds the stall of a server
+                    that keeps up): TTFT and throughput under load bought with longer steps (off here; the
+                    engine process sets SERVING_BACKLOG_DRAIN_S: engine/serving/main.py says why)
 
 Why feedback and not a cost model: a step's extra time is affine in its prompt tokens (a
 chunk's attention call and new product shapes cost something whatever its length). The
@@ -53,11 +54,13 @@ FULL_STEP = 0.75
 """A step carrying at least this share of its budget says where the limit is; shorter ones do not."""
 ARRIVAL_WINDOW_S = 10.0
 """Arrivals this recent (before the newest one) make the arrival rate."""
-BACKLOG_AGE_S = 1.0
+BACKLOG_AGE_S = 0.5
 """A prompt counts toward the backlog floor once it has waited this long (engine/scheduling/step_builder.py):
 a burst the stall bound clears sooner is left to it. Counting every waiting prompt, 8 closed-loop float32
-streams (128-token prompts) had p99/p50 ITL 2.13-2.93x against 1.93-2.42x without the floor; from 1 s on,
-1.85-2.27x in five runs of six (one, on a slowed host, 2.99x)."""
+streams (128-token prompts) had p99/p50 ITL 2.13-2.93x against 1.93-2.42x without the floor (Zen 4); from 1 s
+on, 1.85-2.27x in five runs of six. 0.5 s, with the floor lifted past the cap (Intel Xeon with AMX, 8 streams,
+`bench serve --random 32 128 64 --concurrency 8`): float32 p99/p50 2.35x, 2.39x (1 s: 2.08x), bfloat16 2.2-2.4x;
+at 8 requests/s of 256-token prompts median TTFT 845 ms against 1,754 ms with 1 s and the cap."""
 ARRIVAL_MARGIN = 1.25
 """The arrival floor admits this much more than arrives per step, so a backlog drains."""
 
@@ -127,14 +130,15 @@ class StepCosts:
             return 0
         return int(backlog_tokens * self.stall_factor * self.decode_step_s / self.backlog_drain_s)
 
-    def prompt_budget(self, cap: int, backlog_tokens: int = 0) -> int:
+    def prompt_budget(self, cap: int, backlog_tokens: int = 0, backlog_cap: int | None = None) -> int:
         """Prompt tokens for the next step while streams decode: the learnt budget, lifted to the
-        arrival and backlog floors; never more than `cap`, never fewer than MIN_PROMPT_TOKENS."""
+        arrival floor, never more than `cap`; the backlog floor, up to `backlog_cap` (default `cap`: a queue
+        that outlived BACKLOG_AGE_S may take whole steps); never fewer than MIN_PROMPT_TOKENS."""
         if self.stall_factor <= 1.0:
             return cap
         learnt = FIRST_PROMPT_TOKENS if self.budget is None else int(self.budget)
-        floor = max(self.arrival_floor(), self.backlog_floor(backlog_tokens))
-        return max(MIN_PROMPT_TOKENS, min(cap, max(learnt, floor)))
+        backlog = min(cap if backlog_cap is None else backlog_cap, self.backlog_floor(backlog_tokens))
+        return max(MIN_PROMPT_TOKENS, min(cap, max(learnt, self.arrival_floor())), backlog)
 
 
 def _blend(old: float | None, new: float) -> float:

@@ -33,13 +33,16 @@ log = logging.getLogger("pageserve.engine")
 # `--prefill-stall-factor 0 --max-prefill-while-decoding 64` is the old fixed budget.
 SERVING_PREFILL_BUDGET = 256
 SERVING_STALL_FACTOR = 2.0
-# While prompts wait (those queued for a second or more: step_cost.BACKLOG_AGE_S), steps carry enough of
-# them to drain that backlog within about this long (up to SERVING_PREFILL_BUDGET a step). Under the stall
+# While prompts wait (those queued for half a second or more: step_cost.BACKLOG_AGE_S), steps carry enough
+# of them to drain that backlog within about this long (up to the step's whole token budget). Under the stall
 # bound alone a saturated server admitted prompts over 20 s at 8 requests/s of 256-token prompts (Zen 4,
-# bfloat16) and decoded small batches: 265-310 out tok/s where vLLM, admitting first, did 302. With 0.5 s:
-# 311-334, TTFT p50 3.0-4.0 s against 6.0-7.1 s, TPOT 121-133 ms (vLLM 152-159), p99 ITL 235-259 ms (vLLM
-# 1,351-1,437); at 2/s 214-218 against 194-207 (vLLM 212-214), p99 ITL 76-102 ms (vLLM 225-256).
-SERVING_BACKLOG_DRAIN_S = 0.5
+# bfloat16) and decoded small batches: 265-310 out tok/s where vLLM, admitting first, did 302. With 0.5 s
+# (prompts waiting 1 s, at most SERVING_PREFILL_BUDGET a step): 311-334, TTFT p50 3.0-4.0 s against 6.0-7.1 s.
+# On an Intel Xeon with AMX (bfloat16, the same load) that still left TTFT p50 at 1,754 ms (vLLM 254) and
+# goodput (TTFT <= 1 s, TPOT <= 100 ms) at 1.30 req/s (vLLM 3.57); 0.1 s, waiting 0.5 s, up to whole steps:
+# TTFT p50 845 ms, goodput 3.66, 525 out tok/s (vLLM 457), TPOT 64 ms (89), p99 ITL 160 ms (296); at
+# 2 requests/s unchanged (231.9 out tok/s, TPOT 24 ms, p99 ITL 46 ms; vLLM 215.7, 44, 102).
+SERVING_BACKLOG_DRAIN_S = 0.1
 
 
 def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
@@ -63,8 +66,8 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
                    help="while streams generate, a step with prompt tokens may take at most this many times a "
                         "decode-only step, as measured on this host (0: --max-prefill-while-decoding alone)")
     p.add_argument("--prefill-backlog-drain", type=float, default=SERVING_BACKLOG_DRAIN_S,
-                   help="seconds: while prompts queued for a second or more wait, steps carry enough of them to "
-                        "drain them within about this long, up to --max-prefill-while-decoding (TTFT and throughput "
+                   help="seconds: while prompts queued for half a second or more wait, steps carry enough of them "
+                        "to drain them within about this long, up to --max-num-batched-tokens (TTFT and throughput "
                         "under load for longer steps; 0: off, the stall bound alone)")
     p.add_argument("--no-prefix-caching", action="store_true", help="never reuse KV blocks of equal prompt prefixes")
     p.add_argument("--policy", default="priority", choices=["priority", "fcfs"],

@@ -190,12 +190,13 @@ def test_the_scheduler_spends_the_time_budget_not_only_the_token_cap() -> None:
 
 
 @pytest.mark.parametrize("drain_s, waited, carried", [(0.0, 2.0, 32), (0.5, BACKLOG_AGE_S, 64),
-                                                      (0.5, BACKLOG_AGE_S - 0.1, 32)])
+                                                      (0.5, BACKLOG_AGE_S - 0.1, 32), (0.05, BACKLOG_AGE_S, 400)])
 def test_a_backlog_drain_time_lifts_the_budget_while_prompts_wait(drain_s: float, waited: float,
                                                                   carried: int) -> None:
     """Two 200-token prompts have waited BACKLOG_AGE_S: drained within 0.5 s of steps of 2 x 40 ms,
     400 x 0.08 / 0.5 = 64 tokens a step. Off (the default), or waiting less long (a burst the stall
-    bound may yet clear), the learnt 32."""
+    bound may yet clear), the learnt 32. Within 0.05 s, 640: past the cap of 256 (up to the step's 512),
+    so both prompts go in one step."""
     clock = FakeClock()
     sched, runner = make_scheduler(num_device_blocks=400, max_num_batched_tokens=512, clock=clock,
                                    max_prefill_tokens_while_decoding=256, prefill_stall_factor=2.0,
@@ -215,13 +216,15 @@ def test_a_backlog_drain_time_lifts_the_budget_while_prompts_wait(drain_s: float
     assert prompt_tokens(step(sched, runner, run), lens) == carried
 
 
-def test_the_backlog_floor_is_off_by_default_and_never_passes_the_cap() -> None:
+def test_the_backlog_floor_is_off_by_default_and_passes_the_cap_only_up_to_its_own() -> None:
     assert StepCosts(2.0).backlog_drain_s == 0.0 == SchedulerConfig().prefill_backlog_drain_s
     costs = StepCosts(2.0, 1.0)
     costs.observe(_step(8), 0.030)
     assert costs.prompt_budget(CAP, backlog_tokens=100) == FIRST_PROMPT_TOKENS  # 100 x 2 x 0.03 = 6: below
     assert costs.prompt_budget(CAP, backlog_tokens=2000) == 120  # 2000 x 2 x 0.03 / 1 s
     assert costs.prompt_budget(CAP, backlog_tokens=10**6) == CAP
+    assert costs.prompt_budget(CAP, backlog_tokens=10**5, backlog_cap=2048) == 2048  # the step's budget
+    assert costs.prompt_budget(CAP, backlog_tokens=0, backlog_cap=2048) == FIRST_PROMPT_TOKENS  # no queue: the cap's rule
 
 
 def test_the_scheduler_reports_each_arrival() -> None:

@@ -33,8 +33,8 @@ def test_defaults_are_the_components_defaults() -> None:
     # 2x a decode-only step as measured (engine/scheduling/step_cost.py), and at most 256 prompt tokens
     assert config.scheduler.max_prefill_tokens_while_decoding == 256
     assert config.scheduler.prefill_stall_factor == 2.0
-    # ... and while prompt tokens wait, steps carry enough of them to drain the backlog within 0.5 s
-    assert config.scheduler.prefill_backlog_drain_s == 0.5
+    # ... and while prompt tokens wait, steps carry enough of them to drain the backlog within 0.1 s
+    assert config.scheduler.prefill_backlog_drain_s == 0.1
     assert engine_config(build_parser().parse_args(["--prefill-backlog-drain", "0"])).scheduler.prefill_backlog_drain_s == 0
     assert config.scheduler.enable_prefix_caching is True and config.cache.num_device_blocks is None
 
