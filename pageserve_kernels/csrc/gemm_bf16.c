@@ -113,26 +113,16 @@ void gemm_bf16(const void *A_, int64_t lda, const void *panels_, const void *bia
    count: batch-invariant as the AVX512-BF16 kernel. K must be a multiple of 32. Threads split the
    panels, so the weights stream from memory once per call (per 256 rows for prompt steps: x's chunk
    stays in L2). Linux grants a process the tile state only when asked (gemm_bf16_amx_permitted). */
-#include <sys/syscall.h>
-#include <unistd.h>
+#include "amx_tiles.h" /* amx_permitted, amx_configure */
 
 #define AMX_CHUNK 256
 
-int gemm_bf16_amx_permitted(void) {
-    static int granted = -1; /* ARCH_REQ_XCOMP_PERM (0x1023) for XFEATURE_XTILEDATA (18), Linux 5.16+ */
-    if (granted < 0) granted = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
-    return granted;
-}
+int gemm_bf16_amx_permitted(void) { return amx_permitted(); }
 
-static void amx_configure(void) {
-    struct __attribute__((aligned(64))) {
-        uint8_t palette, start_row, reserved[14];
-        uint16_t colsb[16];
-        uint8_t rows[16];
-    } c = {0};
-    c.palette = 1;
-    for (int t = 0; t < 8; t++) c.rows[t] = 16, c.colsb[t] = 64;
-    _tile_loadconfig(&c);
+static void amx_configure_gemm(void) { /* tiles 0-3 sums, 4-5 A, 6-7 panel: all 16 rows of 64 bytes */
+    const uint8_t rows[8] = {16, 16, 16, 16, 16, 16, 16, 16};
+    const uint16_t colsb[8] = {64, 64, 64, 64, 64, 64, 64, 64};
+    amx_configure(8, rows, colsb);
 }
 
 /* C[0:rows, 0:ncols] = A[0:rows] . panel (+ bias) for rows <= 32 (A padded to whole 16-row tiles). */
@@ -178,7 +168,7 @@ void gemm_bf16_amx(const void *A_, int64_t lda, const void *panels_, const void 
     const int64_t n_panels = (N + 31) / 32;
 #pragma omp parallel num_threads(nthreads)
     {
-        amx_configure();
+        amx_configure_gemm();
         for (int64_t m0 = 0; m0 < M; m0 += AMX_CHUNK) {
             const int64_t m1 = m0 + AMX_CHUNK < M ? m0 + AMX_CHUNK : M;
 #pragma omp for schedule(static)

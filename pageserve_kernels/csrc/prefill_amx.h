@@ -14,8 +14,7 @@
 #ifndef PAGESERVE_PREFILL_AMX_H
 #define PAGESERVE_PREFILL_AMX_H
 
-#include <sys/syscall.h>
-#include <unistd.h>
+#include "amx_tiles.h" /* amx_permitted, amx_configure */
 
 #define T_OUT 0    /* 16 rows x 16 float32 of O */
 #define T_P_HI 1   /* 16 rows x 16 keys, bfloat16 */
@@ -25,24 +24,10 @@
 #define T_Q 5      /* 16 rows x 32 columns, bfloat16 */
 #define T_K 6      /* 16 column pairs x 16 keys x 2 */
 
-/* ARCH_REQ_XCOMP_PERM (0x1023) for XFEATURE_XTILEDATA (18), Linux 5.16+: without it a tile load faults. */
-static int amx_permitted(void) {
-    static int granted = -1;
-    if (granted < 0) granted = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
-    return granted;
-}
-
 static void amx_tiles(void) {
-    struct __attribute__((aligned(64))) {
-        uint8_t palette, start_row, reserved[14];
-        uint16_t colsb[16];
-        uint8_t rows[16];
-    } c = {0};
-    c.palette = 1;
     const uint8_t rows[7] = {16, 16, 16, 8, 16, 16, 16};
     const uint16_t colsb[7] = {64, 32, 32, 64, 64, 64, 64};
-    for (int t = 0; t < 7; t++) c.rows[t] = rows[t], c.colsb[t] = colsb[t];
-    _tile_loadconfig(&c);
+    amx_configure(7, rows, colsb);
 }
 
 /* s[r][0:16] = scale * q_r . k_j for r < rows (whole tiles of 16 are computed: qb and s have room). */

@@ -40,15 +40,24 @@ def test_panels_hold_pairs_of_k_for_thirty_two_columns_zero_padded() -> None:
     assert not p.panels[1, :, 5:].any()  # columns 37..63 do not exist
 
 
-@needs_native
-@pytest.mark.parametrize("m", [1, 2, 11, 12, 13, 64, 97, 200])
-@pytest.mark.parametrize(("n", "k"), [(576, 576), (960, 576), (100, 37), (32, 1), (1536, 1536), (3, 8)])
+KERNELS = {"panel": native, "amx": amx}
+
+
+@pytest.mark.parametrize("kernel", list(KERNELS))
+@pytest.mark.parametrize("m", [1, 2, 12, 13, 16, 17, 33, 64, 97, 300])
+@pytest.mark.parametrize(("n", "k"), [(576, 576), (960, 576), (100, 37), (100, 64), (37, 32), (32, 1), (1536, 1536),
+                                      (3, 8)])
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_matches_float64_product_within_one_rounding(m: int, n: int, k: int, with_bias: bool) -> None:
+def test_matches_float64_product_within_one_rounding(kernel: str, m: int, n: int, k: int, with_bias: bool) -> None:
+    """Both kernels: the AVX512-BF16 one's 12-row tiles, the AMX one's 16-row tiles and 32-row blocks, whole and
+    cut short, its 256-row chunks, last panels of a few columns, and K no multiple of 32 (AMX hands those on)."""
+    gemm = KERNELS[kernel]
+    if gemm is None:
+        pytest.skip(f"no {kernel} kernel on this CPU (AVX512-BF16; AMX-BF16) or no C compiler")
     g = torch.Generator().manual_seed(m * 1000 + n + k)
     x, w = torch.randn(m, k, generator=g).to(BF16), torch.randn(n, k, generator=g).to(BF16)
     bias = torch.randn(n, generator=g).to(BF16) if with_bias else None
-    out = native.linear(x, cpu_gemm.pack_panels(w), bias)
+    out = gemm.linear(x, cpu_gemm.pack_panels(w), bias)
     assert out.shape == (m, n) and out.dtype == BF16
     # float32 accumulation, then one rounding: at most one bfloat16 step (2^-7 relative) from the exact one
     torch.testing.assert_close(out.float(), reference(x, w, bias), rtol=2**-7, atol=1e-4 * k**0.5)
@@ -66,20 +75,26 @@ def test_an_odd_k_never_reads_past_its_row() -> None:
     assert native.linear(torch.empty(0, 9, dtype=BF16), cpu_gemm.pack_panels(w)).shape == (0, 40)
 
 
-@needs_native
-def test_a_row_gets_the_same_bits_alone_in_any_batch_and_on_any_thread_count() -> None:
-    assert_batch_invariant(native, BF16, 12)
+@pytest.mark.parametrize(("kernel", "tile_rows"), [("panel", 12), ("amx", 16)])
+def test_a_row_gets_the_same_bits_alone_in_any_batch_and_on_any_thread_count(kernel: str, tile_rows: int) -> None:
+    if KERNELS[kernel] is None:
+        pytest.skip(f"no {kernel} kernel on this CPU")
+    assert_batch_invariant(KERNELS[kernel], BF16, tile_rows)
 
 
-@needs_native
-def test_layers_offer_the_panel_gemm_for_bfloat16_cpu_weights(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("kernel", list(KERNELS))
+def test_layers_run_each_kernel_over_the_one_panel_copy(kernel: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """linear.py packs panels once for either kernel (LAYOUT) and its product is the kernel's, bit for bit."""
+    gemm = KERNELS[kernel]
+    if gemm is None:
+        pytest.skip(f"no {kernel} kernel on this CPU")
     monkeypatch.setattr(linear_mod, "_PLANS", {})
-    monkeypatch.setenv(choice.FORCE_ENV, "linear=panel")
-    w, bias, x = torch.randn(40, 24).to(BF16), torch.randn(40).to(BF16), torch.randn(5, 24).to(BF16)
+    monkeypatch.setenv(choice.FORCE_ENV, f"linear={kernel}")
+    w, bias, x = torch.randn(40, 64).to(BF16), torch.randn(40).to(BF16), torch.randn(5, 64).to(BF16)
     packed = linear_mod.pack(w)
-    assert packed is not None and isinstance(packed.packed["panel"], cpu_gemm.PanelWeight)
+    assert packed is not None and set(packed.impls) == {kernel} and set(packed.packed) == {"panel"}
     out = linear_mod.linear(x, w, packed, bias)
-    assert out.dtype == BF16
+    assert torch.equal(out, gemm.linear(x, packed.packed["panel"], bias))  # type: ignore[arg-type]
     torch.testing.assert_close(out.float(), reference(x, w, bias), rtol=2**-7, atol=1e-3)
 
 
@@ -87,21 +102,6 @@ def test_the_amx_product_is_offered_exactly_where_the_cpu_has_amx() -> None:
     assert (amx is not None) == (native is not None and {"amx_bf16", "amx_tile"} <= cpu_flags())
     assert ("amx" in linear_mod.candidates(BF16)) == (amx is not None)
     assert "amx" not in linear_mod.candidates(torch.float32)
-
-
-@needs_amx
-@pytest.mark.parametrize("m", [1, 2, 15, 16, 17, 33, 64, 97, 300])
-@pytest.mark.parametrize(("n", "k"), [(576, 576), (960, 576), (100, 64), (37, 32), (1536, 1536), (40, 37)])
-@pytest.mark.parametrize("with_bias", [False, True])
-def test_amx_matches_float64_product_within_one_rounding(m: int, n: int, k: int, with_bias: bool) -> None:
-    """Row tiles of 16 and blocks of 32 whole and cut short, 256-row chunks, a last panel of 4 or 5 columns,
-    and a K that is no multiple of 32 (the AVX512-BF16 kernel takes it)."""
-    g = torch.Generator().manual_seed(m * 1000 + n + k)
-    x, w = torch.randn(m, k, generator=g).to(BF16), torch.randn(n, k, generator=g).to(BF16)
-    bias = torch.randn(n, generator=g).to(BF16) if with_bias else None
-    out = amx.linear(x, cpu_gemm.pack_panels(w), bias)
-    assert out.shape == (m, n) and out.dtype == BF16
-    torch.testing.assert_close(out.float(), reference(x, w, bias), rtol=2**-7, atol=1e-4 * k**0.5)
 
 
 @needs_amx
@@ -135,18 +135,3 @@ def test_amx_never_reads_a_row_past_the_batch() -> None:
     """x's last row ends where an unreadable page begins: a 16-row tile loaded from x itself would fault."""
     done = subprocess.run([sys.executable, "-c", GUARDED_ROWS], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.split()[-1] == "True", done.stderr[-2000:]
-
-
-@needs_amx
-def test_an_amx_row_gets_the_same_bits_alone_in_any_batch_and_on_any_thread_count() -> None:
-    assert_batch_invariant(amx, BF16, 16)
-
-
-@needs_amx
-def test_layers_run_amx_over_the_panel_copy(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(linear_mod, "_PLANS", {})
-    monkeypatch.setenv(choice.FORCE_ENV, "linear=amx")
-    w, bias, x = torch.randn(40, 64).to(BF16), torch.randn(40).to(BF16), torch.randn(5, 64).to(BF16)
-    packed = linear_mod.pack(w)
-    assert packed is not None and set(packed.impls) == {"amx"} and set(packed.packed) == {"panel"}
-    assert torch.equal(linear_mod.linear(x, w, packed, bias), amx.linear(x, packed.packed["panel"], bias))
