@@ -16,8 +16,9 @@
     fused_choice.py     C kernel or PyTorch for each fused op, dtype and width, by choice.py
     prefill_choice.py   the C prefill kernel or PyTorch's SDPA for prompt chunks, per dtype and head shape, by choice.py
     csrc/               the C sources of those kernels (package data; exp8_avx2.h, exp16_avx512.h, bf16_elem.h,
-                        values_avx512.h (P . V tiles) and attend_tiles.h (keys by slot, Q . K^T, online softmax)
-                        shared; decode_vec.h, decode_avx512.h and shared_prefix.h the decode kernel's loops),
+                        values_avx512.h (P . V tiles), attend_tiles.h (keys by slot, Q . K^T, online softmax) and
+                        amx_tiles.h (AMX permission, tile configuration) shared; decode_vec.h, decode_avx512.h and
+                        shared_prefix.h the decode kernel's loops; prefill_amx.h the prompt kernel's AMX products),
                         and llama_layers.cpp (a torch operator class that runs a Llama step's layers over those
                         kernels: engine/worker/native_layers.py)
     native_build.py     compiles and caches the C kernels; PAGESERVE_NATIVE_KERNELS=0 turns them off
