@@ -2,7 +2,8 @@
 
     python -m ops.bench.kernels.gemm                     # SmolLM2-135M shapes, 1..2048 rows
     python -m ops.bench.kernels.gemm --rows 1 8 64
-    python -m ops.bench.kernels.gemm --dtype bfloat16    # the AVX512-BF16 kernel (where the CPU has it)
+    python -m ops.bench.kernels.gemm --dtype bfloat16    # the AVX512-BF16 kernel (where the CPU has it),
+                                                         # and its AMX twin over the same panels ("ours AMX")
 
 One "step" is the four products of every layer (q|k|v, o, gate|up, down), each layer
 with its own weights, as the model's forward pass makes them: the weights come
@@ -50,11 +51,13 @@ def layer_shapes(a: argparse.Namespace) -> list[tuple[int, int]]:
 def paths(weights: list[torch.Tensor], native: cpu_gemm.NativeGemm) -> dict[str, Product]:
     panels = [cpu_gemm.pack_panels(w) for w in weights]
     onednn = [torch.ops.mkldnn._reorder_linear_weight(w, 64) for w in weights]
-    return {
-        "ours": lambda x, i: native.linear(x, panels[i]),
-        "oneDNN": lambda x, i: torch.ops.mkldnn._linear_pointwise(x, onednn[i], None, "none", [], ""),
-        "F.linear": lambda x, i: F.linear(x, weights[i]),
-    }
+    out: dict[str, Product] = {"ours": lambda x, i: native.linear(x, panels[i])}
+    amx = cpu_gemm.load_amx() if native.dtype == torch.bfloat16 else None
+    if amx is not None:
+        out["ours AMX"] = lambda x, i: amx.linear(x, panels[i])
+    out["oneDNN"] = lambda x, i: torch.ops.mkldnn._linear_pointwise(x, onednn[i], None, "none", [], "")
+    out["F.linear"] = lambda x, i: F.linear(x, weights[i])
+    return out
 
 
 def best_ms(fns: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
