@@ -20,9 +20,9 @@ two weights side by side, which is what a dot-product instruction multiplies wit
 broadcast pair of x. The micro-kernel computes 12 rows x 32 columns in 24 registers,
 rounding to bfloat16 once at the end. On hosts with AMX, `load_amx()` runs the same product over
 the same panels on tiles (a panel's 16 pairs of 16 columns are a tile as they lie): blocks of 32 rows
-x 32 columns in four float32 tiles. Intel Xeon with AMX, 2 vCPUs, weights out of cache, against
-oneDNN's packed product: 1.3-2.3x at 1-16 rows, 0.95-1.4x at 64, 0.5-0.8x from 256 (linear.py keeps
-oneDNN there).
+x 32 columns in four float32 tiles. Intel Xeon with AMX, 2 vCPUs, `python -m ops.bench.kernels.gemm
+--dtype bfloat16` (a step's 120 products, weights from memory), against oneDNN's packed product:
+1.27-1.34x at 1-32 rows, 1.06x at 64, 0.83x at 256 and 0.42x at 2,048 (linear.py keeps oneDNN there).
 
 Every output element is one chain over k = 0..K-1 in order (pairs of k for bfloat16),
 whatever the row count, the row's position in the batch or the thread count: a
