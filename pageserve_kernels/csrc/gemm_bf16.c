@@ -69,6 +69,16 @@ static inline __attribute__((always_inline)) void tile(
     }
 }
 
+/* Panel p's 32 bias values (NULL without a bias); the last panel of an N that is no multiple of 32 gets
+   them copied into `tail`, zero past N: the bias has N entries, no reading past them. */
+static inline const uint16_t *panel_bias(const uint16_t *bias, int64_t p, int64_t ncols, uint16_t tail[32]) {
+    if (!bias) return NULL;
+    if (ncols == 32) return bias + p * 32;
+    memset(tail, 0, 32 * sizeof(uint16_t));
+    memcpy(tail, bias + p * 32, ncols * sizeof(uint16_t));
+    return tail;
+}
+
 #define CASE(n) case n: tile(n, a, lda, b, K, bias, c, ldc, ncols); break;
 static void tile_rows(int64_t mr, const uint16_t *a, int64_t lda, const uint16_t *b, int64_t K, const uint16_t *bias,
                       uint16_t *c, int64_t ldc, int64_t ncols) {
@@ -92,12 +102,8 @@ void gemm_bf16(const void *A_, int64_t lda, const void *panels_, const void *bia
         for (int64_t p = 0; p < n_panels; p++) {
             const int64_t m0 = ch * mc, m1 = m0 + mc < M ? m0 + mc : M;
             const int64_t ncols = N - p * 32 < 32 ? N - p * 32 : 32;
-            const uint16_t *b = panels + p * pairs * 64, *bias_p = bias ? bias + p * 32 : 0;
-            uint16_t bias_tail[32] = {0};
-            if (bias && ncols < 32) { /* the bias has N entries: no reading past them */
-                memcpy(bias_tail, bias_p, ncols * sizeof(uint16_t));
-                bias_p = bias_tail;
-            }
+            uint16_t bias_tail[32];
+            const uint16_t *b = panels + p * pairs * 64, *bias_p = panel_bias(bias, p, ncols, bias_tail);
             for (int64_t m = m0; m < m1; m += MR_MAX)
                 tile_rows(m1 - m < MR_MAX ? m1 - m : MR_MAX, A + m * lda, lda, b, K, bias_p, C + m * N + p * 32, N,
                           ncols);
@@ -174,9 +180,8 @@ void gemm_bf16_amx(const void *A_, int64_t lda, const void *panels_, const void 
 #pragma omp for schedule(static)
             for (int64_t p = 0; p < n_panels; p++) {
                 const int64_t ncols = N - p * 32 < 32 ? N - p * 32 : 32;
-                uint16_t bias_tail[32] = {0};
-                const uint16_t *bias_p = bias ? bias + p * 32 : NULL;
-                if (bias && ncols < 32) memcpy(bias_tail, bias_p, ncols * sizeof(uint16_t)), bias_p = bias_tail;
+                uint16_t bias_tail[32];
+                const uint16_t *bias_p = panel_bias(bias, p, ncols, bias_tail);
                 for (int64_t m = m0; m < m1; m += 32)
                     amx_block(A + m * lda, lda, panels + p * (K / 2) * 64, K, bias_p, C + m * N + p * 32, N,
                               m1 - m < 32 ? m1 - m : 32, ncols);

@@ -6,8 +6,8 @@ disk per host:
   - "panel": our GEMM over column panels (pageserve_kernels/cpu_gemm.py), batch-invariant:
     float32 on AVX2 (the fastest on AVX2-only hosts at every size), bfloat16 on AVX512-BF16
     (1.1-1.6x oneDNN at decode batches on an AMD EPYC Zen 4);
-  - "amx": the same panels multiplied on AMX tiles (bfloat16, hosts with AMX-BF16): 1.3-2.3x oneDNN
-    at 1-16 rows on an Intel Xeon with AMX;
+  - "amx": the same panels multiplied on AMX tiles (bfloat16, hosts with AMX-BF16): ahead of oneDNN
+    up to about 64 rows on an Intel Xeon with AMX (pageserve_kernels/cpu_gemm.py has the numbers);
   - "onednn": oneDNN's blocked layout (float32 and bfloat16): on AVX-512/AMX hosts
     the faster one from about 16 rows up;
   - "torch": F.linear (MKL for float32): the fallback everywhere.
@@ -177,7 +177,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, packed: Packed | None,
     if packed is None:
         return F.linear(x, weight, bias)
     impl = packed.impl_for(x.shape[0])
-    if impl in ("panel", "amx") and x.dtype == weight.dtype:
+    if LAYOUT.get(impl, impl) == "panel" and x.dtype == weight.dtype:
         native = cpu_gemm.load(x.dtype) if impl == "panel" else cpu_gemm.load_amx()
         assert native is not None  # a panel plan exists only where the kernel loaded
         return native.linear(x, packed.packed["panel"], bias)  # type: ignore[arg-type]
