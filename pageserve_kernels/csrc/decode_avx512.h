@@ -67,10 +67,13 @@ INLINE __m512 token_dot(const void* q, const void* k, int64_t hd, int mode) {
    `q` holds grp heads of hd values in dot_step's layout (q_elem bytes each). Sixteen tokens at a
    time, columns in the outer loop: sixteen independent accumulator chains (token_dot's one chain
    of dependent FMAs per token, sixteen times over, left the FMA units waiting on their latency:
-   with the K/V in cache, ~10% slower on an AMD EPYC Zen 4). */
+   with the K/V in cache, ~10% slower on an AMD EPYC Zen 4). `ahead`: lines to ask for, a few at each step
+   over the columns (line_run.h); what a partial block leaves, at its end. */
 INLINE void block_scores_512(const void* q, int64_t q_elem, const void* k, int64_t tok_stride, int64_t n,
-                             int64_t grp, int64_t hd, float* scores, int64_t S, int64_t s0, float post, int mode) {
+                             int64_t grp, int64_t hd, float* scores, int64_t S, int64_t s0, float post, int mode,
+                             LineRun* ahead) {
     const int64_t k_elem = mode == DOT_F32 ? 4 : 2;
+    const int64_t per_step = lines_per_step(ahead, grp * (hd / DOT_COLUMNS(mode)));
     const char* kb = (const char*)k;
     for (int64_t g = 0; g < grp; g++) {
         const char* qg = (const char*)q + g * hd * q_elem;
@@ -81,6 +84,7 @@ INLINE void block_scores_512(const void* q, int64_t q_elem, const void* k, int64
 #pragma GCC unroll 16
             for (int t = 0; t < 16; t++) v[t] = _mm512_setzero_ps();
             for (int64_t d = 0; d < hd; d += DOT_COLUMNS(mode)) {
+                ask_lines(ahead, per_step);
 #pragma GCC unroll 16
                 for (int t = 0; t < 16; t++) v[t] = dot_step(v[t], qg, kb + (i + t) * tok_stride * k_elem, d, mode);
             }
@@ -88,6 +92,7 @@ INLINE void block_scores_512(const void* q, int64_t q_elem, const void* k, int64
         }
         for (; i < n; i++) out[i] = _mm512_reduce_add_ps(token_dot(qg, kb + i * tok_stride * k_elem, hd, mode)) * post;
     }
+    if (ahead) ask_lines(ahead, ahead->left);
 }
 
 /* sc[0:S] = exp(sc - m), m the largest of sc and `floor` (a maximum already seen: -INFINITY for none), put in

@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "bf16_elem.h"
+#include "line_run.h"
 
 #if HAVE_AVX2
 INLINE __m256 load8(const void* p, int64_t i, int bf16) {
@@ -28,15 +29,18 @@ INLINE __m256 hsum8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, __m25
 #include "exp8_avx2.h"
 #endif
 
-/* scores[g, s0 + i] = qf[g] . K[token i of the block], i < n; `k` points at token 0, head h. */
+/* scores[g, s0 + i] = qf[g] . K[token i of the block], i < n; `k` points at token 0, head h. `ahead`: lines
+   to ask for, a few at each eight tokens of each head in the AVX2 loop (line_run.h); the rest at the end. */
 INLINE void block_scores(const float* qf, const void* k, int64_t tok_stride, int64_t n, int64_t grp,
-                         int64_t hd, float* scores, int64_t S, int64_t s0, int bf16, int vec) {
+                         int64_t hd, float* scores, int64_t S, int64_t s0, int bf16, int vec, LineRun* ahead) {
     int64_t i = 0;
 #if HAVE_AVX2
     if (vec && hd % 8 == 0) {
         /* Eight tokens at a time: eight independent FMA chains hide the FMA latency. */
+        const int64_t per_step = lines_per_step(ahead, n / 8 * grp);
         for (; i + 8 <= n; i += 8) {
             for (int64_t g = 0; g < grp; g++) {
+                ask_lines(ahead, per_step);
                 __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
                 for (int64_t d = 0; d < hd; d += 8) {
                     const __m256 qv = _mm256_loadu_ps(qf + g * hd + d);
@@ -62,6 +66,7 @@ INLINE void block_scores(const float* qf, const void* k, int64_t tok_stride, int
             scores[g * S + s0 + i] = dot;
         }
     }
+    ask_lines(ahead, ahead->left);
 }
 
 /* sc[0:S] = exp(sc - max); returns 1 / sum. */
@@ -98,11 +103,13 @@ INLINE float softmax_row(float* sc, int64_t S, int vec) {
     return 1.f / sum;
 }
 
-/* acc[g] += sum_i p[g, s0 + i] * V[token i of the block], i < n; `v` points at token 0, head h. */
+/* acc[g] += sum_i p[g, s0 + i] * V[token i of the block], i < n; `v` points at token 0, head h. `ahead`: as
+   for block_scores, a few lines at each token of the AVX2 loop's first head. */
 INLINE void block_values(float* acc, const void* v, int64_t tok_stride, int64_t n, int64_t grp,
-                         int64_t hd, const float* scores, int64_t S, int64_t s0, int bf16, int vec) {
+                         int64_t hd, const float* scores, int64_t S, int64_t s0, int bf16, int vec, LineRun* ahead) {
     int64_t d0 = 0;
 #if HAVE_AVX2
+    const int64_t per_token = lines_per_step(ahead, n);
     /* 64 columns at a time stay in eight registers across the block's tokens. */
     for (; vec && d0 + 64 <= hd; d0 += 64) {
         for (int64_t g = 0; g < grp; g++) {
@@ -112,6 +119,7 @@ INLINE void block_values(float* acc, const void* v, int64_t tok_stride, int64_t 
                    r6 = _mm256_loadu_ps(a + 48), r7 = _mm256_loadu_ps(a + 56);
             const float* p = scores + g * S + s0;
             for (int64_t i = 0; i < n; i++) {
+                ask_lines(ahead, per_token);
                 const __m256 pv = _mm256_set1_ps(p[i]);
                 const int64_t o = i * tok_stride + d0;
                 r0 = _mm256_fmadd_ps(pv, load8(v, o, bf16), r0);
@@ -134,6 +142,7 @@ INLINE void block_values(float* acc, const void* v, int64_t tok_stride, int64_t 
         for (int64_t i = 0; i < n; i++)
             for (int64_t d = d0; d < hd; d++) acc[g * hd + d] += p[i] * load1(v, i * tok_stride + d, bf16);
     }
+    ask_lines(ahead, ahead->left);
 }
 
 #endif

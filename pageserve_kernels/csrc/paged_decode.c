@@ -83,31 +83,32 @@ INLINE int64_t block_lines(const Task* t, int64_t n) {
 
 /* Blocks sit anywhere in the pool, so the hardware prefetcher cannot see the next one coming:
    ask for the block after next while this one is computed, into L2 (prefetcht1), in `nh`
-   slices, one before each of this block's heads (`part`). Into L2 because of Little's law: a core
-   tracks only ~16-24 outstanding L1 misses but ~48-64 at L2, and a whole block's lines (96 in
-   bfloat16, 192 in float32) asked into L1 at once queue behind those few slots: on an AMD EPYC
-   with AVX512-BF16 (2 vCPUs, `python -m ops.bench.kernels.cpu_decode`, 577 MB of K/V a step) the
-   next block into L1 streamed 8.5-10 GB/s in bfloat16 (~66 ms a step) and 11 GB/s in float32
-   (~102 ms); the block after next into L2, 15-17 GB/s in both (33-39 and 68 ms). Sliced, so the
-   requests never pile up at once (worth ~8% with L1 prefetches there). Past the pass's last block
-   the prefetches run on into the first blocks of what comes next, `then` in `then_cache`: the
-   same task's V pool during the K pass, the next task's K pool during the V pass, so that no pass
-   starts on two cold blocks. No division here (a 64-bit one takes ~15 cycles, and this runs before
-   every head of every block): block indices, and slices of a length fixed per task. */
-INLINE void prefetch_next(const Task* t, const void* cache, const Task* then, const void* then_cache, int64_t b,
-                          int64_t part) {
+   slices, one for each of this block's heads (`part`), spread over that head's loop (line_run.h says
+   why). Into L2 because of Little's law: a core tracks only ~16-24 outstanding L1 misses but ~48-64
+   at L2, and a whole block's lines (96 in bfloat16, 192 in float32) asked into L1 at once queue behind
+   those few slots: on an AMD EPYC with AVX512-BF16 (2 vCPUs, `python -m ops.bench.kernels.cpu_decode`,
+   577 MB of K/V a step) the next block into L1 streamed 8.5-10 GB/s in bfloat16 (~66 ms a step) and
+   11 GB/s in float32 (~102 ms); the block after next into L2, 15-17 GB/s in both (33-39 and 68 ms).
+   Past the pass's last block the slices run on into the first blocks of what comes next, `then` in
+   `then_cache`: the same task's V pool during the K pass, the next task's K pool during the V pass, so
+   that no pass starts on two cold blocks. No division here (a 64-bit one takes ~15 cycles, and this
+   runs before every head of every block): block indices, and slices of a length fixed per task. */
+INLINE LineRun lines_ahead(const Task* t, const void* cache, const Task* then, const void* then_cache, int64_t b,
+                           int64_t part) {
+    const LineRun none = {NULL, 0};
     int64_t ahead = b + 2; /* the block after next */
     if (ahead >= t->blocks) {
-        if (!then) return;
+        if (!then) return none;
         ahead += then->first - t->blocks;
         t = then, cache = then_cache;
     }
-    if (ahead >= t->blocks) return;
+    if (ahead >= t->blocks) return none;
     const char* p = (const char*)at(cache, block_base(t, ahead), t->bf16);
     const int64_t n = t->S - ahead * t->bs < t->bs ? t->S - ahead * t->bs : t->bs;
     const int64_t lines = block_lines(t, n), from = t->slice * part;
     const int64_t to = from + t->slice < lines ? from + t->slice : lines;
-    for (int64_t l = from; l < to; l++) __builtin_prefetch(p + 64 * l, 0, 2);
+    const LineRun run = {p + 64 * from, to > from ? to - from : 0};
+    return run;
 }
 
 /* Pass 1, over K: scores[r, 0:S] for each of the task's grp * nh query rows r (qf in
@@ -122,16 +123,16 @@ INLINE void score_blocks(const Task* t, const float* qf, const void* kc, const v
     for (int64_t b = t->first, s0 = b * t->bs; s0 < S; b++, s0 += t->bs) {
         const int64_t n = S - s0 < t->bs ? S - s0 : t->bs, base = block_base(t, b);
         for (int64_t h = 0; h < t->nh; h++) {
-            prefetch_next(t, kc, t, vc, b, h);
+            LineRun ahead = lines_ahead(t, kc, t, vc, b, h);
 #if HAVE_AVX512
             if (wide) {
                 block_scores_512((const char*)qf + h * grp * hd * q_elem, q_elem, at(kc, base + h * hd, t->bf16),
-                                 tok_stride, n, grp, hd, scores + h * grp * S, S, s0, post, mode);
+                                 tok_stride, n, grp, hd, scores + h * grp * S, S, s0, post, mode, &ahead);
                 continue;
             }
 #endif
             block_scores(qf + h * grp * hd, at(kc, base + h * hd, t->bf16), tok_stride, n, grp, hd,
-                         scores + h * grp * S, S, s0, t->bf16, vec);
+                         scores + h * grp * S, S, s0, t->bf16, vec, &ahead);
         }
     }
 }
@@ -146,14 +147,16 @@ INLINE void weigh_values(const Task* t, const void* vc, const float* scores, flo
         const int64_t n = S - s0 < t->bs ? S - s0 : t->bs, base = block_base(t, b);
         for (int64_t h = 0; h < t->nh; h++) {
             const void* v = at(vc, base + h * hd, t->bf16);
-            prefetch_next(t, vc, next, kc, b, h);
+            LineRun ahead = lines_ahead(t, vc, next, kc, b, h);
 #if HAVE_AVX512
             if (wide) {
-                weigh_block_512(grp, scores + h * grp * S + s0, S, v, tok_stride, t->bf16, n, acc + h * grp * hd, hd);
+                weigh_block_512(grp, scores + h * grp * S + s0, S, v, tok_stride, t->bf16, n, acc + h * grp * hd, hd,
+                                &ahead);
                 continue;
             }
 #endif
-            block_values(acc + h * grp * hd, v, tok_stride, n, grp, hd, scores + h * grp * S, S, s0, t->bf16, vec);
+            block_values(acc + h * grp * hd, v, tok_stride, n, grp, hd, scores + h * grp * S, S, s0, t->bf16, vec,
+                         &ahead);
         }
     }
 }

@@ -61,7 +61,7 @@ static void product(int64_t rows, const float *a, int64_t lda, const float *b, i
 /* o[r] += p[r, 0:n] . vs[0:n] for r < rows (P . V of one block of keys; p rows 16 apart, hd a multiple of 16). */
 static void weigh_values(int64_t rows, const float *p, const float *vs, int64_t n, float *o, int64_t hd) {
 #if defined(__AVX512F__)
-    weigh_block_512(rows, p, 16, vs, hd, 0, n, o, hd);
+    weigh_block_512(rows, p, 16, vs, hd, 0, n, o, hd, NULL);
 #else
     for (int64_t c0 = 0; c0 < hd; c0 += 16) product(rows, p, 16, vs + c0, hd, n, o + c0, hd, 1);
 #endif

@@ -164,7 +164,7 @@ INLINE void prefix_tile(const void* q, int64_t q_stride, const int64_t* rows_of,
 #endif
             scores_f32_512(rows, w->qs, hd, w->kt, w->s);
         for (int64_t r = 0; r < rows; r++) online_softmax(w->s + r * 16, n, w->mx + r, w->sums + 16 * r, w->o + r * hd, hd);
-        weigh_block_512(rows, w->s, 16, w->vs, hd, 0, n, w->o, hd);
+        weigh_block_512(rows, w->s, 16, w->vs, hd, 0, n, w->o, hd, NULL);
     }
     for (int64_t r = 0; r < rows; r++) {
         const int64_t at = tile[r / grp] * n_q + h * grp + r % grp;
