@@ -84,13 +84,17 @@ def serving_prefill_budget(config: SchedulerConfig, running: list[Request], wait
                            costs: StepCosts, now: float, live: Mapping[str, SampleState]) -> int | None:
     """The serving mode's prompt-token bound for a step: set while any running stream generates; in
     time (prefill_stall_factor, from the measured step costs) under the token cap, lifted while prompt
-    tokens wait (queued, or part-prefilled), so that a backlog drains within costs.backlog_drain_s (up to
-    the step's whole token budget: a saturated server admits as vLLM's does, not a cap's worth a step).
+    tokens wait (queued, or part-prefilled), so that a backlog drains within costs.backlog_drain_s, and
+    while prompts arrive faster than the cap admits them (either up to the step's whole token budget: a
+    saturated server admits as vLLM's does, not a cap's worth a step).
     Only prompts that have waited BACKLOG_AGE_S by `now` (`live`: when each was queued) count: a
     queue that outlives that is a saturated server's, a younger burst is the stall bound's."""
     cap = config.max_prefill_tokens_while_decoding
-    if not cap or all(r.num_computed_tokens < r.num_prompt_tokens for r in running):
+    generating = sum(r.num_computed_tokens >= r.num_prompt_tokens for r in running)
+    if not cap or not generating:
         return None
+    if costs.stale(generating):
+        return 0  # this step measures what a decode step of the grown (or shrunk) batch takes
     backlog = 0
     if costs.backlog_drain_s > 0:  # counted only when it can matter: the queue may be long
         def old(r: Request) -> bool:

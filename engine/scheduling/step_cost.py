@@ -8,7 +8,10 @@ step 2.7x on an AVX-512 Xeon, 3.1x on a Zen 4 EPYC at 8 streams; with 64 streams
 them under stall_factor x a decode-only step:
 
     decode_step_s   a decode-only step as the batch runs now (the median of the last DECODE_WINDOW):
-                    more streams, longer steps, more room for prompt tokens beside them
+                    more streams, longer steps, more room for prompt tokens beside them. While prompts keep
+                    arriving every step carries some, so no decode-only step is seen while the batch grows:
+                    once the batch is unlike the one measured (`stale`), the serving mode runs one step
+                    without prompt tokens to measure it again (engine/scheduling/step_builder.py)
     budget          prompt tokens a step may carry, learnt by feedback: after a step that used
                     (nearly) its whole budget, or overran the factor anyway, scale what it carried
                     by (F - 1) / (its stall - 1), where stall = its seconds / decode_step_s
@@ -54,13 +57,31 @@ FULL_STEP = 0.75
 """A step carrying at least this share of its budget says where the limit is; shorter ones do not."""
 ARRIVAL_WINDOW_S = 10.0
 """Arrivals this recent (before the newest one) make the arrival rate."""
-BACKLOG_AGE_S = 0.5
+ARRIVAL_MIN_SPAN_S = 4.0
+"""The arrival rate's shortest time base. Over the whole window instead, the rate of a load that began a few
+seconds ago read as a fraction of itself: at 8 requests/s of 256-token prompts, 20-60 tokens a step for the
+first seconds where ~160 arrived, and the queue grew until the backlog floor drained it."""
+BACKLOG_AGE_S = 1.0
 """A prompt counts toward the backlog floor once it has waited this long (engine/scheduling/step_builder.py):
 a burst the stall bound clears sooner is left to it. Counting every waiting prompt, 8 closed-loop float32
 streams (128-token prompts) had p99/p50 ITL 2.13-2.93x against 1.93-2.42x without the floor (Zen 4); from 1 s
 on, 1.85-2.27x in five runs of six. 0.5 s, with the floor lifted past the cap (Intel Xeon with AMX, 8 streams,
 `bench serve --random 32 128 64 --concurrency 8`): float32 p99/p50 2.35x, 2.39x (1 s: 2.08x), bfloat16 2.2-2.4x;
-at 8 requests/s of 256-token prompts median TTFT 845 ms against 1,754 ms with 1 s and the cap."""
+at 8 requests/s of 256-token prompts median TTFT 845 ms against 1,754 ms with 1 s and the cap. Back to 1 s once
+the arrival floor passed the cap and the decode yardstick followed the batch (both of which took over the
+overload's queue): on the same host kind, a noisier day, float32 8 streams 2.98x, 4.26x, 3.19x, 3.30x at 0.5 s
+against 2.40x, 2.25x at 1 s; 8 requests/s median TTFT 1.02-1.07 s at 0.5 s, 1.18-1.41 s at 1 s."""
+STALE_SHARE = 0.25
+"""The decode steps measured lately stop describing the batch once its decode rows differ from theirs by more
+than this share (and STALE_ROWS): at 8 requests/s of 256-token prompts (Intel Xeon with AMX) the yardstick
+stayed at the 30 ms of a 10-row step while the batch grew to 64 rows (80 ms steps), so every mixed step read
+as a 3-6x stall, the learnt budget fell to ~60 tokens, and prompts waited for the backlog floor (median TTFT
+1.1-1.2 s)."""
+STALE_ROWS = 4
+"""Fewer rows apart than this never make the yardstick stale (8 closed-loop streams move between 7 and 8)."""
+STALE_AFTER_STEPS = 4
+"""Steps since the last decode-only one before the yardstick may be called stale again: at most one step in
+five is spent re-measuring, whatever a batch does."""
 ARRIVAL_MARGIN = 1.25
 """The arrival floor admits this much more than arrives per step, so a backlog drains."""
 
@@ -75,8 +96,10 @@ class StepCosts:
     floor alone runs prefill at about 80% utilisation, where Poisson bursts queue for seconds: median
     TTFT 1.0-2.7 s at 2 requests/s of 256-token prompts on the Zen 4 (vLLM's 0.39 s); 1 s halved it there,
     at the price of steps up to the cap while a burst drains (p99 ITL 164-212 ms against 100-135)."""
-    decode_times: deque[float] = field(default_factory=lambda: deque(maxlen=DECODE_WINDOW))
-    """Seconds of the latest decode-only steps, oldest first."""
+    decode_times: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=DECODE_WINDOW))
+    """(seconds, decode rows) of the latest decode-only steps of a batch like the current one, oldest first."""
+    steps_since_decode: int = 0
+    """Steps run since the latest decode-only step."""
     budget: float | None = None
     """Prompt tokens a step may carry beside decodes (None: no full mixed step seen yet)."""
     arrivals: deque[tuple[float, int]] = field(default_factory=deque)
@@ -88,15 +111,30 @@ class StepCosts:
             return
         prompt_chunks = [len(c.token_ids) for c in out.chunks if len(c.token_ids) > 1]
         prompt_tokens, decodes = sum(prompt_chunks), len(out.chunks) - len(prompt_chunks)
+        self.steps_since_decode += 1
         if prompt_tokens == 0:
-            self.decode_times.append(seconds)
+            if self.decode_times and self._unlike(decodes):
+                self.decode_times.clear()  # another batch: the old steps no longer describe it
+            self.decode_times.append((seconds, decodes))
+            self.steps_since_decode = 0
         elif decodes and self.decode_step_s is not None and self.stall_factor > 1.0:
             self._learn(prompt_tokens, seconds / self.decode_step_s)
 
     @property
     def decode_step_s(self) -> float | None:
         """Seconds of a decode-only step lately (None: none seen yet)."""
-        return statistics.median(self.decode_times) if self.decode_times else None
+        return statistics.median(s for s, _ in self.decode_times) if self.decode_times else None
+
+    def stale(self, decode_rows: int) -> bool:
+        """Whether a batch of `decode_rows` generating streams needs a decode-only step to measure it: the
+        steps measured were of a batch unlike it (STALE_SHARE), and none was run in the last
+        STALE_AFTER_STEPS steps. False before any was measured, or without a time budget."""
+        return (self.stall_factor > 1.0 and bool(self.decode_times) and self.steps_since_decode >= STALE_AFTER_STEPS
+                and self._unlike(decode_rows))
+
+    def _unlike(self, decode_rows: int) -> bool:
+        measured = statistics.median(rows for _, rows in self.decode_times)
+        return abs(decode_rows - measured) > max(STALE_ROWS, STALE_SHARE * measured)
 
     def _learn(self, prompt_tokens: int, stall: float) -> None:
         full = self.budget is None or prompt_tokens >= FULL_STEP * self.budget
@@ -113,13 +151,15 @@ class StepCosts:
 
     def arrival_floor(self) -> int:
         """Prompt tokens arriving per prompt-carrying step lately (such a step takes up to stall_factor x
-        a decode step), with a margin. The rate is the window's tokens over the whole window: a burst
-        (8 requests in one millisecond) is spread over it, not read as thousands of tokens a second that
-        would lift every step to the cap. Decode steps set the time scale, not the mean step: one
-        unbounded prompt step (no stream generating) would otherwise inflate the floor for ten steps."""
-        if self.decode_step_s is None:
+        a decode step), with a margin. The rate is the window's tokens over the time they span, at least
+        ARRIVAL_MIN_SPAN_S: a burst (8 requests in one millisecond) is spread over that, not read as
+        thousands of tokens a second that would lift every step to the cap. Decode steps set the time scale,
+        not the mean step: one unbounded prompt step (no stream generating) would otherwise inflate the
+        floor for ten steps."""
+        if self.decode_step_s is None or not self.arrivals:
             return 0
-        tokens_per_s = sum(n for _, n in self.arrivals) / ARRIVAL_WINDOW_S
+        span = max(ARRIVAL_MIN_SPAN_S, self.arrivals[-1][0] - self.arrivals[0][0])
+        tokens_per_s = sum(n for _, n in self.arrivals) / span
         return int(tokens_per_s * self.stall_factor * self.decode_step_s * ARRIVAL_MARGIN)
 
     def backlog_floor(self, backlog_tokens: int) -> int:
@@ -130,15 +170,19 @@ class StepCosts:
             return 0
         return int(backlog_tokens * self.stall_factor * self.decode_step_s / self.backlog_drain_s)
 
-    def prompt_budget(self, cap: int, backlog_tokens: int = 0, backlog_cap: int | None = None) -> int:
-        """Prompt tokens for the next step while streams decode: the learnt budget, lifted to the
-        arrival floor, never more than `cap`; the backlog floor, up to `backlog_cap` (default `cap`: a queue
-        that outlived BACKLOG_AGE_S may take whole steps); never fewer than MIN_PROMPT_TOKENS."""
+    def prompt_budget(self, cap: int, backlog_tokens: int = 0, saturated_cap: int | None = None) -> int:
+        """Prompt tokens for the next step while streams decode: the learnt budget, never more than `cap`;
+        lifted to the arrival floor and the backlog floor, each up to `saturated_cap` (default `cap`); never
+        fewer than MIN_PROMPT_TOKENS. The cap bounds the stall of a server that keeps up; arrivals of more
+        than a cap's worth a step, or a queue that outlived BACKLOG_AGE_S, are a saturated server's, which
+        admits what arrives (whole steps at most) rather than letting the queue, and TTFT, grow for as
+        long as the load lasts (8 requests/s of 256-token prompts on an Intel Xeon with AMX: the arrival
+        floor was ~340 tokens a step, and at the 256 cap the median TTFT was 0.9-1.2 s)."""
         if self.stall_factor <= 1.0:
             return cap
         learnt = FIRST_PROMPT_TOKENS if self.budget is None else int(self.budget)
-        backlog = min(cap if backlog_cap is None else backlog_cap, self.backlog_floor(backlog_tokens))
-        return max(MIN_PROMPT_TOKENS, min(cap, max(learnt, self.arrival_floor())), backlog)
+        queue = max(self.arrival_floor(), self.backlog_floor(backlog_tokens))
+        return max(MIN_PROMPT_TOKENS, min(cap, learnt), min(cap if saturated_cap is None else saturated_cap, queue))
 
 
 def _blend(old: float | None, new: float) -> float:

@@ -113,6 +113,21 @@ def test_prompts_arriving_faster_than_the_budget_lift_it() -> None:
     per_step = 2560 * 2.5 * decode_s(8)  # tokens arriving while a prompt-carrying step runs
     assert costs.prompt_budget(CAP) >= per_step
     assert costs.prompt_budget(64) == 64  # never past the cap
+    assert costs.prompt_budget(64, saturated_cap=2048) >= per_step  # unless the server is saturated
+
+
+def test_arrivals_past_the_cap_are_admitted_up_to_the_saturated_cap() -> None:
+    """512-token prompts every 50 ms (10,240 tokens/s) while 8 streams decode: ~720 tokens arrive per
+    prompt-carrying step, more than the 256 cap. Held to the cap the queue grows for as long as the load
+    lasts; a saturated server admits what arrives, up to the step's whole budget."""
+    costs = StepCosts(2.5)
+    run_host(costs, rows=8, steps=80)
+    for i in range(200):
+        costs.note_arrival(100.0 + 0.05 * i, 512)
+    per_step = 10240 * 2.5 * decode_s(8)
+    assert costs.prompt_budget(CAP) == CAP
+    assert per_step <= costs.prompt_budget(CAP, saturated_cap=2048) <= per_step * 1.3
+    assert costs.prompt_budget(CAP, saturated_cap=512) == 512
 
 
 def test_old_arrivals_leave_the_window() -> None:
@@ -223,8 +238,8 @@ def test_the_backlog_floor_is_off_by_default_and_passes_the_cap_only_up_to_its_o
     assert costs.prompt_budget(CAP, backlog_tokens=100) == FIRST_PROMPT_TOKENS  # 100 x 2 x 0.03 = 6: below
     assert costs.prompt_budget(CAP, backlog_tokens=2000) == 120  # 2000 x 2 x 0.03 / 1 s
     assert costs.prompt_budget(CAP, backlog_tokens=10**6) == CAP
-    assert costs.prompt_budget(CAP, backlog_tokens=10**5, backlog_cap=2048) == 2048  # the step's budget
-    assert costs.prompt_budget(CAP, backlog_tokens=0, backlog_cap=2048) == FIRST_PROMPT_TOKENS  # no queue: the cap's rule
+    assert costs.prompt_budget(CAP, backlog_tokens=10**5, saturated_cap=2048) == 2048  # the step's budget
+    assert costs.prompt_budget(CAP, backlog_tokens=0, saturated_cap=2048) == FIRST_PROMPT_TOKENS  # no queue: the cap's rule
 
 
 def test_the_scheduler_reports_each_arrival() -> None:
