@@ -14,7 +14,13 @@ from hypothesis import strategies as st
 
 from engine.outputs import ScheduledChunk, SchedulerOutput
 from engine.scheduling.config import SchedulerConfig
-from engine.scheduling.step_cost import BACKLOG_AGE_S, FIRST_PROMPT_TOKENS, MIN_PROMPT_TOKENS, StepCosts
+from engine.scheduling.step_cost import (
+    BACKLOG_AGE_S,
+    FIRST_PROMPT_TOKENS,
+    MIN_PROMPT_TOKENS,
+    SATURATED_STALL,
+    StepCosts,
+)
 from shared.sampling import SamplingParams
 from tests.engine.scheduling.fakes import FakeClock, Run, make_request, make_scheduler, step
 from tests.engine.scheduling.test_scheduler_serving_budget import prompt_tokens
@@ -113,21 +119,23 @@ def test_prompts_arriving_faster_than_the_budget_lift_it() -> None:
     per_step = 2560 * 2.5 * decode_s(8)  # tokens arriving while a prompt-carrying step runs
     assert costs.prompt_budget(CAP) >= per_step
     assert costs.prompt_budget(64) == 64  # never past the cap
-    assert costs.prompt_budget(64, saturated_cap=2048) >= per_step  # unless the server is saturated
+    assert 64 < costs.prompt_budget(64, saturated_cap=2048) < per_step  # saturated: past it, up to 4x a decode step
 
 
-def test_arrivals_past_the_cap_are_admitted_up_to_the_saturated_cap() -> None:
-    """512-token prompts every 50 ms (10,240 tokens/s) while 8 streams decode: ~720 tokens arrive per
-    prompt-carrying step, more than the 256 cap. Held to the cap the queue grows for as long as the load
-    lasts; a saturated server admits what arrives, up to the step's whole budget."""
-    costs = StepCosts(2.5)
-    run_host(costs, rows=8, steps=80)
+def test_arrivals_past_the_cap_are_admitted_up_to_the_saturated_stall() -> None:
+    """512-token prompts every 50 ms (10,240 tokens/s) while 64 streams decode, at stall factor 2 and a
+    while-decoding cap of 64: ~2,150 tokens arrive per prompt-carrying step. Held to the cap the queue grows
+    for as long as the load lasts; a saturated server admits past it, as many as stall the streams about
+    SATURATED_STALL x a decode step (the learnt budget, 84 tokens for 2x, scaled to 4x), not its whole budget."""
+    costs = StepCosts(2.0)
+    run_host(costs, rows=64, steps=80)
     for i in range(200):
         costs.note_arrival(100.0 + 0.05 * i, 512)
-    per_step = 10240 * 2.5 * decode_s(8)
-    assert costs.prompt_budget(CAP) == CAP
-    assert per_step <= costs.prompt_budget(CAP, saturated_cap=2048) <= per_step * 1.3
-    assert costs.prompt_budget(CAP, saturated_cap=512) == 512
+    admitted = costs.prompt_budget(64, saturated_cap=2048)
+    assert costs.prompt_budget(64) == 64
+    assert admitted == int(int(costs.budget) * (SATURATED_STALL - 1.0))
+    assert 3.5 * decode_s(64) < mixed_s(64, admitted) <= SATURATED_STALL * decode_s(64) * 1.05
+    assert costs.prompt_budget(64, saturated_cap=128) == 128
 
 
 def test_old_arrivals_leave_the_window() -> None:
@@ -205,13 +213,13 @@ def test_the_scheduler_spends_the_time_budget_not_only_the_token_cap() -> None:
 
 
 @pytest.mark.parametrize("drain_s, waited, carried", [(0.0, 2.0, 32), (0.5, BACKLOG_AGE_S, 64),
-                                                      (0.5, BACKLOG_AGE_S - 0.1, 32), (0.05, BACKLOG_AGE_S, 400)])
+                                                      (0.5, BACKLOG_AGE_S - 0.1, 32), (0.05, BACKLOG_AGE_S, 256)])
 def test_a_backlog_drain_time_lifts_the_budget_while_prompts_wait(drain_s: float, waited: float,
                                                                   carried: int) -> None:
     """Two 200-token prompts have waited BACKLOG_AGE_S: drained within 0.5 s of steps of 2 x 40 ms,
     400 x 0.08 / 0.5 = 64 tokens a step. Off (the default), or waiting less long (a burst the stall
-    bound may yet clear), the learnt 32. Within 0.05 s, 640: past the cap of 256 (up to the step's 512),
-    so both prompts go in one step."""
+    bound may yet clear), the learnt 32. Within 0.05 s, 640: held to the cap of 256, since past it (up to
+    the step's 512) is allowed only as far as a 4x stall, 3 x the learnt 32 here."""
     clock = FakeClock()
     sched, runner = make_scheduler(num_device_blocks=400, max_num_batched_tokens=512, clock=clock,
                                    max_prefill_tokens_while_decoding=256, prefill_stall_factor=2.0,
@@ -238,8 +246,10 @@ def test_the_backlog_floor_is_off_by_default_and_passes_the_cap_only_up_to_its_o
     assert costs.prompt_budget(CAP, backlog_tokens=100) == FIRST_PROMPT_TOKENS  # 100 x 2 x 0.03 = 6: below
     assert costs.prompt_budget(CAP, backlog_tokens=2000) == 120  # 2000 x 2 x 0.03 / 1 s
     assert costs.prompt_budget(CAP, backlog_tokens=10**6) == CAP
-    assert costs.prompt_budget(CAP, backlog_tokens=10**5, saturated_cap=2048) == 2048  # the step's budget
+    assert costs.prompt_budget(CAP, backlog_tokens=10**5, saturated_cap=2048) == CAP  # 3 x 64 for a 4x stall: less
     assert costs.prompt_budget(CAP, backlog_tokens=0, saturated_cap=2048) == FIRST_PROMPT_TOKENS  # no queue: the cap's rule
+    costs.budget = 1000.0  # a host where 1,000 tokens stretch a step only 2x
+    assert costs.prompt_budget(CAP, backlog_tokens=10**5, saturated_cap=2048) == 2048  # the step's budget
 
 
 def test_the_scheduler_reports_each_arrival() -> None:
