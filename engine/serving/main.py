@@ -33,8 +33,9 @@ log = logging.getLogger("pageserve.engine")
 # `--prefill-stall-factor 0 --max-prefill-while-decoding 64` is the old fixed budget.
 SERVING_PREFILL_BUDGET = 256
 SERVING_STALL_FACTOR = 2.0
-# While prompts wait (those queued for half a second or more: step_cost.BACKLOG_AGE_S), steps carry enough
-# of them to drain that backlog within about this long (up to the step's whole token budget). Under the stall
+# While prompts wait (those queued for a second or more: step_cost.BACKLOG_AGE_S), steps carry enough of them
+# to drain that backlog within about this long (up to the step's token budget, and a step ~SATURATED_STALL x
+# a decode step: step_cost.py has the numbers of the night of 2026-12-06). Under the stall
 # bound alone a saturated server admitted prompts over 20 s at 8 requests/s of 256-token prompts (Zen 4,
 # bfloat16) and decoded small batches: 265-310 out tok/s where vLLM, admitting first, did 302. With 0.5 s
 # (prompts waiting 1 s, at most SERVING_PREFILL_BUDGET a step): 311-334, TTFT p50 3.0-4.0 s against 6.0-7.1 s.
@@ -66,9 +67,9 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
                    help="while streams generate, a step with prompt tokens may take at most this many times a "
                         "decode-only step, as measured on this host (0: --max-prefill-while-decoding alone)")
     p.add_argument("--prefill-backlog-drain", type=float, default=SERVING_BACKLOG_DRAIN_S,
-                   help="seconds: while prompts queued for half a second or more wait, steps carry enough of them "
-                        "to drain them within about this long, up to --max-num-batched-tokens (TTFT and throughput "
-                        "under load for longer steps; 0: off, the stall bound alone)")
+                   help="seconds: while prompts queued for a second or more wait, steps carry enough of them "
+                        "to drain them within about this long, up to --max-num-batched-tokens and a step about 4x a "
+                        "decode step (TTFT and throughput under load for longer steps; 0: off, the stall bound alone)")
     p.add_argument("--no-prefix-caching", action="store_true", help="never reuse KV blocks of equal prompt prefixes")
     p.add_argument("--policy", default="priority", choices=["priority", "fcfs"],
                    help="admission order: (aged) priority then fair share, or arrival only")

@@ -13,7 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.outputs import ScheduledChunk, SchedulerOutput
+from engine.request import Request
 from engine.scheduling.config import SchedulerConfig
+from engine.scheduling.scheduler import Scheduler
 from engine.scheduling.step_cost import (
     BACKLOG_AGE_S,
     FIRST_PROMPT_TOKENS,
@@ -22,7 +24,7 @@ from engine.scheduling.step_cost import (
     StepCosts,
 )
 from shared.sampling import SamplingParams
-from tests.engine.scheduling.fakes import FakeClock, Run, make_request, make_scheduler, step
+from tests.engine.scheduling.fakes import FakeClock, FakeRunner, Run, make_request, make_scheduler, step
 from tests.engine.scheduling.test_scheduler_serving_budget import prompt_tokens
 
 CAP = 256
@@ -195,14 +197,21 @@ def test_the_budget_stays_between_the_floor_and_the_cap(
         assert min(MIN_PROMPT_TOKENS, cap) <= costs.prompt_budget(cap) <= max(cap, MIN_PROMPT_TOKENS)
 
 
-def test_the_scheduler_spends_the_time_budget_not_only_the_token_cap() -> None:
+def three_streams(**config: object) -> tuple[Scheduler, FakeRunner, Run, list[Request]]:
+    """A serving scheduler (stall factor 2, cap 256, 512 tokens a step) whose three 8-token prompts ran
+    their prompt step: three streams generating."""
     sched, runner = make_scheduler(num_device_blocks=400, max_num_batched_tokens=512,
-                                   max_prefill_tokens_while_decoding=256, prefill_stall_factor=2.0)
+                                   max_prefill_tokens_while_decoding=256, prefill_stall_factor=2.0, **config)
     first = [make_request(8, max_tokens=60, ignore_eos=True) for _ in range(3)]
     for r in first:
         sched.add_request(r)
     run = Run()
     step(sched, runner, run)
+    return sched, runner, run, first
+
+
+def test_the_scheduler_spends_the_time_budget_not_only_the_token_cap() -> None:
+    sched, runner, run, first = three_streams()
     sched.step_costs.observe(_step(3), 0.040)  # as EngineCore reports its steps
     sched.step_costs.observe(_step(3, 64), 0.120)  # a full step 3x a decode step: 64 x 1 / 2 = 32 fit
     late = make_request(200, max_tokens=5, ignore_eos=True)
@@ -221,14 +230,7 @@ def test_a_backlog_drain_time_lifts_the_budget_while_prompts_wait(drain_s: float
     bound may yet clear), the learnt 32. Within 0.05 s, 640: held to the cap of 256, since past it (up to
     the step's 512) is allowed only as far as a 4x stall, 3 x the learnt 32 here."""
     clock = FakeClock()
-    sched, runner = make_scheduler(num_device_blocks=400, max_num_batched_tokens=512, clock=clock,
-                                   max_prefill_tokens_while_decoding=256, prefill_stall_factor=2.0,
-                                   prefill_backlog_drain_s=drain_s)
-    first = [make_request(8, max_tokens=60, ignore_eos=True) for _ in range(3)]
-    for r in first:
-        sched.add_request(r)
-    run = Run()
-    step(sched, runner, run)
+    sched, runner, run, first = three_streams(clock=clock, prefill_backlog_drain_s=drain_s)
     sched.step_costs.observe(_step(3), 0.040)
     sched.step_costs.observe(_step(3, 64), 0.120)  # learnt: 32 tokens a step
     late = [make_request(200, max_tokens=5, ignore_eos=True) for _ in range(2)]

@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 
 from engine.scheduling.step_cost import ARRIVAL_MARGIN, STALE_AFTER_STEPS, StepCosts
-from tests.engine.scheduling.fakes import Run, make_request, make_scheduler, step
+from tests.engine.scheduling.fakes import make_request, step
 from tests.engine.scheduling.test_scheduler_serving_budget import prompt_tokens
-from tests.engine.scheduling.test_step_cost import _step, decode_s, mixed_s
+from tests.engine.scheduling.test_step_cost import _step, decode_s, mixed_s, three_streams
 
 
 def grown(costs: StepCosts, mixed_steps: int) -> StepCosts:
@@ -46,13 +46,7 @@ def test_a_decode_step_of_another_batch_replaces_the_old_measurements() -> None:
 
 
 def test_the_scheduler_runs_one_decode_only_step_when_the_yardstick_is_stale() -> None:
-    sched, runner = make_scheduler(num_device_blocks=400, max_num_batched_tokens=512,
-                                   max_prefill_tokens_while_decoding=256, prefill_stall_factor=2.0)
-    first = [make_request(8, max_tokens=60, ignore_eos=True) for _ in range(3)]
-    for r in first:
-        sched.add_request(r)
-    run = Run()
-    step(sched, runner, run)
+    sched, runner, run, first = three_streams()
     for _ in range(3):  # measured at 20 rows, then only mixed steps: 3 streams now are another batch
         sched.step_costs.observe(_step(20), 0.040)
     for _ in range(STALE_AFTER_STEPS):
