@@ -85,8 +85,9 @@ def serving_prefill_budget(config: SchedulerConfig, running: list[Request], wait
     """The serving mode's prompt-token bound for a step: set while any running stream generates; in
     time (prefill_stall_factor, from the measured step costs) under the token cap, lifted while prompt
     tokens wait (queued, or part-prefilled), so that a backlog drains within costs.backlog_drain_s, and
-    while prompts arrive faster than the cap admits them (either up to the step's whole token budget: a
-    saturated server admits as vLLM's does, not a cap's worth a step).
+    while prompts arrive faster than the cap admits them (either past the cap, up to the step's token budget
+    and a step about SATURATED_STALL x a decode step: a saturated server admits more than a cap's worth a
+    step, StepCosts.prompt_budget).
     Only prompts that have waited BACKLOG_AGE_S by `now` (`live`: when each was queued) count: a
     queue that outlives that is a saturated server's, a younger burst is the stall bound's."""
     cap = config.max_prefill_tokens_while_decoding

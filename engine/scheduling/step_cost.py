@@ -19,8 +19,8 @@ them under stall_factor x a decode-only step:
                     the budget never drops below what arrives per step, or the queue only grows
     backlog         prompt tokens queued or part-prefilled for BACKLOG_AGE_S or more (the scheduler's
                     count): with backlog_drain_s set, the budget admits enough that they drain within about that
-                    long, up to the step's whole token budget (not the cap, which bounds the stall of a server
-                    that keeps up): TTFT and throughput under load bought with longer steps (off here; the
+                    long, past the cap (which bounds the stall of a server that keeps up) up to the step's token
+                    budget and SATURATED_STALL: TTFT and throughput under load bought with longer steps (off here; the
                     engine process sets SERVING_BACKLOG_DRAIN_S: engine/serving/main.py says why)
 
 Why feedback and not a cost model: a step's extra time is affine in its prompt tokens (a
@@ -180,7 +180,7 @@ class StepCosts:
         lifted to the arrival floor and the backlog floor, each up to `saturated_cap` (default `cap`); never
         fewer than MIN_PROMPT_TOKENS. The cap bounds the stall of a server that keeps up; arrivals of more
         than a cap's worth a step, or a queue that outlived BACKLOG_AGE_S, are a saturated server's, which
-        admits what arrives (whole steps at most) rather than letting the queue, and TTFT, grow for as
+        admits what arrives rather than letting the queue, and TTFT, grow for as
         long as the load lasts (8 requests/s of 256-token prompts on an Intel Xeon with AMX: the arrival
         floor was ~340 tokens a step, and at the 256 cap the median TTFT was 0.9-1.2 s). Even then a step
         stalls the streams at most about SATURATED_STALL x a decode step (the learnt budget scaled to it),

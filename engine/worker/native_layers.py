@@ -27,7 +27,7 @@ import torch
 
 from engine.worker.input_batch import StepInputs
 from engine.worker.layers.attention import PagedAttentionOp, TorchPagedAttention
-from engine.worker.layers.linear import LAYOUT, LinearPlan
+from engine.worker.layers.linear import LinearPlan, layout_of
 from engine.worker.models.llama import LlamaModel
 from pageserve_kernels import (
     choice,
@@ -143,7 +143,7 @@ def _product_weight(weight: torch.Tensor, plan: object, impl: str) -> torch.Tens
     assert isinstance(plan, LinearPlan)
     if impl == "onednn":
         return plan.packed["onednn"]  # type: ignore[return-value]
-    if LAYOUT.get(impl, impl) == "panel":  # the panel GEMM and its AMX twin read the same panels
+    if layout_of(impl) == "panel":  # the panel GEMM and its AMX twin read the same panels
         return plan.packed["panel"].panels  # type: ignore[attr-defined,no-any-return]
     return weight
 

@@ -43,6 +43,11 @@ Product = Callable[[torch.Tensor], torch.Tensor]
 LAYOUT = {"amx": "panel"}  # implementations that multiply another's packed weight: one copy serves both
 
 
+def layout_of(impl: str) -> str:
+    """The packed weight `impl` multiplies: its own, or (LAYOUT) the one it shares with another implementation."""
+    return LAYOUT.get(impl, impl)
+
+
 @dataclass(frozen=True)
 class LinearPlan:
     """One weight's packed forms and which of them each row count uses."""
@@ -81,7 +86,7 @@ def pack(weight: torch.Tensor) -> Packed | None:
     if key not in _PLANS:
         _PLANS[key] = choose_impls(weight.shape[0], weight.shape[1], weight.dtype)
     impls = _PLANS[key]
-    packed = {layout: _pack_as(layout, weight) for layout in {LAYOUT.get(name, name) for name in impls}}
+    packed = {layout: _pack_as(layout, weight) for layout in {layout_of(name) for name in impls}}
     return LinearPlan(_upper_rows(), impls, packed)
 
 
@@ -142,7 +147,7 @@ def _upper_rows() -> tuple[int, ...]:
 
 def _packs(name: str, dtype: torch.dtype) -> bool:
     try:
-        _pack_as(LAYOUT.get(name, name), torch.zeros(16, 16, dtype=dtype))
+        _pack_as(layout_of(name), torch.zeros(16, 16, dtype=dtype))
     except (RuntimeError, AttributeError):
         return False
     return True
@@ -165,7 +170,7 @@ def _timers(names: list[str], n: int, k: int, dtype: torch.dtype, rows: int) -> 
     x = torch.randn(rows, k).to(dtype)
     out = {}
     for name in names:
-        layout = LAYOUT.get(name, name)
+        layout = layout_of(name)
         plans = [LinearPlan((), (name,), {layout: _pack_as(layout, w)}) for w in weights]
         turn = itertools.cycle(list(zip(weights, plans, strict=True)))
         out[name] = lambda turn=turn: linear(x, *next(turn))
@@ -177,7 +182,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, packed: Packed | None,
     if packed is None:
         return F.linear(x, weight, bias)
     impl = packed.impl_for(x.shape[0])
-    if LAYOUT.get(impl, impl) == "panel" and x.dtype == weight.dtype:
+    if layout_of(impl) == "panel" and x.dtype == weight.dtype:
         native = cpu_gemm.load(x.dtype) if impl == "panel" else cpu_gemm.load_amx()
         assert native is not None  # a panel plan exists only where the kernel loaded
         return native.linear(x, packed.packed["panel"], bias)  # type: ignore[arg-type]
