@@ -9,6 +9,8 @@ from __future__ import annotations
 import importlib
 import sys
 
+from pageserve_kernels.isa_cap import apply_library_env
+
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "engine": ("engine.serving.main", "run the engine process (owns the model and the KV cache)"),
     "gateway": ("gateway.server", "run the OpenAI-compatible HTTP gateway"),
@@ -34,6 +36,11 @@ def main(argv: list[str] | None = None) -> int:
     name, rest = argv[0], argv[1:]
     if name not in SUBCOMMANDS:
         print(f"pageserve: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
+        return 2
+    try:
+        apply_library_env()  # PAGESERVE_CPU_ISA: torch, oneDNN and MKL read their switches at their first operation
+    except ValueError as exc:
+        print(f"pageserve: {exc}", file=sys.stderr)
         return 2
     module = importlib.import_module(SUBCOMMANDS[name][0])
     return int(module.main(rest) or 0)

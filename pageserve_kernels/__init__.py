@@ -24,6 +24,8 @@
     native_build.py     compiles and caches the C kernels; PAGESERVE_NATIVE_KERNELS=0 turns them off
     torch_ops.py        compiles and caches C++ torch operators (csrc/*.cpp) against the installed torch
     cpu_features.py     what this CPU computes natively (AVX2, FMA, AVX512-BF16, AMX) from /proc/cpuinfo
+    isa_cap.py          /proc/cpuinfo's model and flags, and PAGESERVE_CPU_ISA=avx2: an AVX-512 or AMX host takes
+                        an AVX2-only host's paths (flags, C builds, torch/oneDNN/MKL switches; vLLM's too)
     fused_ops.py        those ops for the layers: the C kernel where it applies, else the PyTorch reference
     paged_attention.py  Triton: varlen paged attention (decode, prefill chunks, mixed), GQA, split-K
     merge_splits.py     Triton: reduces paged attention's split-K partial results

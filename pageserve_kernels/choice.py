@@ -36,6 +36,7 @@ import torch
 
 from pageserve_kernels import host_load
 from pageserve_kernels.cpu_features import cpu_flags_line
+from pageserve_kernels.isa_cap import cpu_model
 
 log = logging.getLogger("pageserve.kernels")
 
@@ -66,15 +67,6 @@ def forced(kind: str) -> str | None:
         if name.strip() == kind and value.strip():
             return value.strip()
     return None
-
-
-@functools.cache
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line.partition(":")[2].strip() for line in f if line.startswith("model name")), "")
-    except OSError:
-        return ""
 
 
 def host_key() -> str:

@@ -3,13 +3,14 @@
 Half-precision products only pay off with hardware for them: without AVX512-BF16
 or AMX, oneDNN emulates bfloat16 and runs it far slower than float32 (measured on
 an AVX2-only EPYC: bfloat16 F.linear 5-9 GFLOP/s against 80-140 for float32).
+PAGESERVE_CPU_ISA=avx2 hides the wider flags, to take an AVX2-only host's paths here (isa_cap.py).
 """
 
 from __future__ import annotations
 
-import functools
-
 import torch
+
+from pageserve_kernels import isa_cap
 
 # flags any one of which gives the dtype's products real hardware
 FAST_MATMUL_FLAGS = {
@@ -18,14 +19,9 @@ FAST_MATMUL_FLAGS = {
 }
 
 
-@functools.cache
 def cpu_flags_line() -> str:
-    """The first `flags` line of /proc/cpuinfo, or "" where there is none."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line for line in f if line.startswith("flags")), "")
-    except OSError:
-        return ""
+    """The first `flags` line of /proc/cpuinfo, less what PAGESERVE_CPU_ISA hides (isa_cap.py); "" where none."""
+    return isa_cap.visible_flags(isa_cap.proc_flags_line(), isa_cap.active())
 
 
 def cpu_flags() -> frozenset[str]:

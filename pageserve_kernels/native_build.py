@@ -19,6 +19,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from pageserve_kernels import isa_cap
 from pageserve_kernels.cpu_features import cpu_flags_line
 
 log = logging.getLogger("pageserve.kernels")
@@ -82,7 +83,9 @@ def build(name: str, source: str, flags: tuple[str, ...] = FLAGS) -> Path:
     compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
     if compiler is None:
         raise FileNotFoundError("no C compiler (cc/gcc) on PATH")
-    return cached_build(f"{name}.c", source, (compiler, *flags, f"-I{CSRC}"), ("-lm",))
+    cap = isa_cap.active()  # PAGESERVE_CPU_ISA: -mno-* after -march=native, a build of its own
+    return cached_build(f"{name}.c", source, (compiler, *flags, *(cap.compiler_flags if cap else ()), f"-I{CSRC}"),
+                        ("-lm",))
 
 
 def cached_build(file_name: str, source: str, command: tuple[str, ...], libs: tuple[str, ...],

