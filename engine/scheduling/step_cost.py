@@ -109,6 +109,8 @@ class StepCosts:
     """Prompt tokens a step may carry beside decodes (None: no full mixed step seen yet)."""
     arrivals: deque[tuple[float, int]] = field(default_factory=deque)
     """(arrival time, prompt tokens) of recent requests, oldest first."""
+    prompt_stalls: deque[float] = field(default_factory=lambda: deque(maxlen=DECODE_WINDOW))
+    """Seconds over the decode step's of the latest steps that carried prompt tokens beside decodes."""
 
     def observe(self, out: SchedulerOutput, seconds: float) -> None:
         """One executed step: its schedule and how long the runner took."""
@@ -123,12 +125,25 @@ class StepCosts:
             self.decode_times.append((seconds, decodes))
             self.steps_since_decode = 0
         elif decodes and self.decode_step_s is not None and self.stall_factor > 1.0:
+            self.prompt_stalls.append(seconds / self.decode_step_s)
             self._learn(prompt_tokens, seconds / self.decode_step_s)
 
     @property
     def decode_step_s(self) -> float | None:
         """Seconds of a decode-only step lately (None: none seen yet)."""
         return statistics.median(s for s, _ in self.decode_times) if self.decode_times else None
+
+    @property
+    def prompt_step_s(self) -> float | None:
+        """Seconds a step carrying prompt tokens takes lately: what the floors divide time by. The stall
+        factor's step until such steps were seen; never less than that, nor more than SATURATED_STALL's.
+        Counted at the factor alone, the arrival floor admitted 2,048 arriving tokens a second in steps
+        that took longer than it assumed, so the queue grew until the backlog floor took prompts a second
+        old (8 requests/s of 256-token prompts, Intel Xeon with AMX: median TTFT 1.4 s)."""
+        if self.decode_step_s is None:
+            return None
+        stall = statistics.median(self.prompt_stalls) if self.prompt_stalls else self.stall_factor
+        return self.decode_step_s * min(max(stall, self.stall_factor), SATURATED_STALL)
 
     def stale(self, decode_rows: int) -> bool:
         """Whether a batch of `decode_rows` generating streams needs a decode-only step to measure it: the
@@ -161,19 +176,21 @@ class StepCosts:
         thousands of tokens a second that would lift every step to the cap. Decode steps set the time scale,
         not the mean step: one unbounded prompt step (no stream generating) would otherwise inflate the
         floor for ten steps."""
-        if self.decode_step_s is None or not self.arrivals:
+        step_s = self.prompt_step_s
+        if step_s is None or not self.arrivals:
             return 0
         span = max(ARRIVAL_MIN_SPAN_S, self.arrivals[-1][0] - self.arrivals[0][0])
         tokens_per_s = sum(n for _, n in self.arrivals) / span
-        return int(tokens_per_s * self.stall_factor * self.decode_step_s * ARRIVAL_MARGIN)
+        return int(tokens_per_s * step_s * ARRIVAL_MARGIN)
 
     def backlog_floor(self, backlog_tokens: int) -> int:
         """Prompt tokens a step must carry for `backlog_tokens` to drain within about backlog_drain_s of
         prompt-carrying steps (each about stall_factor x a decode step; longer ones drain slower, so the
         floor stays up while the backlog does). 0 when off."""
-        if self.decode_step_s is None or self.backlog_drain_s <= 0:
+        step_s = self.prompt_step_s
+        if step_s is None or self.backlog_drain_s <= 0:
             return 0
-        return int(backlog_tokens * self.stall_factor * self.decode_step_s / self.backlog_drain_s)
+        return int(backlog_tokens * step_s / self.backlog_drain_s)
 
     def prompt_budget(self, cap: int, backlog_tokens: int = 0, saturated_cap: int | None = None) -> int:
         """Prompt tokens for the next step while streams decode: the learnt budget, never more than `cap`;

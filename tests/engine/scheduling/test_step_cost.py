@@ -221,12 +221,12 @@ def test_the_scheduler_spends_the_time_budget_not_only_the_token_cap() -> None:
     assert prompt_tokens(out, lens) == 32  # the token cap alone would have let all 200 in
 
 
-@pytest.mark.parametrize("drain_s, waited, carried", [(0.0, 2.0, 32), (0.5, BACKLOG_AGE_S, 64),
+@pytest.mark.parametrize("drain_s, waited, carried", [(0.0, 2.0, 32), (0.5, BACKLOG_AGE_S, 96),
                                                       (0.5, BACKLOG_AGE_S - 0.1, 32), (0.05, BACKLOG_AGE_S, 256)])
 def test_a_backlog_drain_time_lifts_the_budget_while_prompts_wait(drain_s: float, waited: float,
                                                                   carried: int) -> None:
-    """Two 200-token prompts have waited BACKLOG_AGE_S: drained within 0.5 s of steps of 2 x 40 ms,
-    400 x 0.08 / 0.5 = 64 tokens a step. Off (the default), or waiting less long (a burst the stall
+    """Two 200-token prompts have waited BACKLOG_AGE_S: drained within 0.5 s of steps like the one seen,
+    3 x 40 ms, 400 x 0.12 / 0.5 = 96 tokens a step. Off (the default), or waiting less long (a burst the stall
     bound may yet clear), the learnt 32. Within 0.05 s, 640: held to the cap of 256, since past it (up to
     the step's 512) is allowed only as far as a 4x stall, 3 x the learnt 32 here."""
     clock = FakeClock()

@@ -1,14 +1,15 @@
 """engine/scheduling/step_cost.py: the decode yardstick follows the batch, and arrivals are read at their rate.
 
 While prompts keep arriving every step carries some, so a batch that grows from 10 to 64 streams is never
-seen decoding alone; the serving mode then spends one step without prompt tokens to measure it again.
+seen decoding alone; the serving mode then spends one step without prompt tokens to measure it again. The
+floors that keep a queue from growing count time in steps as long as prompt-carrying steps took lately.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from engine.scheduling.step_cost import ARRIVAL_MARGIN, STALE_AFTER_STEPS, StepCosts
+from engine.scheduling.step_cost import ARRIVAL_MARGIN, SATURATED_STALL, STALE_AFTER_STEPS, StepCosts
 from tests.engine.scheduling.fakes import make_request, step
 from tests.engine.scheduling.test_scheduler_serving_budget import prompt_tokens
 from tests.engine.scheduling.test_step_cost import _step, decode_s, mixed_s, three_streams
@@ -70,3 +71,21 @@ def test_a_load_that_began_seconds_ago_is_read_at_its_rate() -> None:
     per_step = 2.0 * decode_s(10) * ARRIVAL_MARGIN
     assert costs.arrival_floor() >= int(16 * 256 / 4.0 * per_step)
     assert costs.arrival_floor() <= int(16 * 256 / 1.875 * per_step)
+
+
+@pytest.mark.parametrize("stall, counted", [(None, 2.0), (1.5, 2.0), (3.0, 3.0), (6.0, SATURATED_STALL)])
+def test_the_floors_count_steps_as_long_as_prompt_steps_took(stall: float | None, counted: float) -> None:
+    """Arrivals of 1,024 tokens/s, prompt-carrying steps of `stall` x a 30 ms decode step: a floor that
+    assumed the stall factor's 60 ms while steps took 90 admitted two thirds of what arrived, and the queue
+    grew until the backlog floor took prompts a second old. Never below the factor (a short step says the
+    budget has room, not that fewer tokens arrive), never past SATURATED_STALL."""
+    costs = StepCosts(2.0, backlog_drain_s=0.5)
+    costs.observe(_step(10), 0.030)
+    for _ in range(3 if stall else 0):
+        costs.observe(_step(10, 100), 0.030 * stall)
+    for i in range(16):
+        costs.note_arrival(100.0 + 0.125 * i, 256)  # over 2 s, read over the 4 s shortest base
+    step_s = 0.030 * counted
+    assert costs.prompt_step_s == pytest.approx(step_s)
+    assert costs.arrival_floor() == int(16 * 256 / 4.0 * step_s * ARRIVAL_MARGIN)
+    assert costs.backlog_floor(1000) == int(1000 * step_s / 0.5)
