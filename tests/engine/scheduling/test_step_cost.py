@@ -124,6 +124,24 @@ def test_prompts_arriving_faster_than_the_budget_lift_it() -> None:
     assert 64 < costs.prompt_budget(64, saturated_cap=2048) < per_step  # saturated: past it, up to 4x a decode step
 
 
+@pytest.mark.parametrize("seconds", [0.0336, 0.0365])  # as fast as the one decode step measured, or barely slower
+def test_a_step_near_the_yardstick_at_most_doubles_what_it_carried(seconds: float) -> None:
+    """Logged in the engine (8 bfloat16 streams): the batch grew to 7 rows, one 36 ms decode step of them was
+    the whole yardstick, and a full 20-token step then took 33.6 ms; read as free tokens, the budget went
+    from 21 to 4,016."""
+    costs = StepCosts(2.0)
+    costs.observe(_step(1), 0.019)
+    costs.observe(_step(1, 64), 0.076)  # learnt ~21
+    before = costs.budget
+    assert before is not None and before < 25
+    costs.observe(_step(7), 0.036)  # another batch: the only sample
+    costs.observe(_step(7, 20), seconds)
+    assert costs.budget is not None and costs.budget <= 0.8 * before + 0.2 * 20 * 2.0
+    assert costs.prompt_budget(CAP) < 2 * before
+    if seconds < 0.036:
+        assert costs.budget == before  # faster than the decode step: nothing learnt, in either direction
+
+
 def test_arrivals_past_the_cap_are_admitted_up_to_the_saturated_stall() -> None:
     """512-token prompts every 50 ms (10,240 tokens/s) while 64 streams decode, at stall factor 2 and a
     while-decoding cap of 64: ~2,150 tokens arrive per prompt-carrying step. Held to the cap the queue grows
