@@ -21,7 +21,7 @@ FAST_MATMUL_FLAGS = {
 
 def cpu_flags_line() -> str:
     """The first `flags` line of /proc/cpuinfo, less what PAGESERVE_CPU_ISA hides (isa_cap.py); "" where none."""
-    return isa_cap.visible_flags(isa_cap.proc_flags_line(), isa_cap.active())
+    return isa_cap.visible_flags_line()
 
 
 def cpu_flags() -> frozenset[str]:

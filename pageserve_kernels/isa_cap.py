@@ -78,6 +78,11 @@ def apply_library_env(environ: MutableMapping[str, str] | None = None) -> IsaCap
     return cap
 
 
+def visible_flags_line() -> str:
+    """This host's `flags` line less what PAGESERVE_CPU_ISA hides: what every path here decides by."""
+    return visible_flags(proc_flags_line(), active())
+
+
 @functools.cache
 def proc_flags_line() -> str:
     """The first `flags` line of /proc/cpuinfo as the kernel reports it, or "" where there is none."""
@@ -99,8 +104,7 @@ def _cpuinfo_line(key: str) -> str:
 
 def host_summary() -> str:
     """The CPU model and the vector flags our paths follow (after any cap), for benchmark headers."""
-    cap = active()
-    flags = visible_flags(proc_flags_line(), cap).partition(":")[2].split()
+    flags = visible_flags_line().partition(":")[2].split()
     vector = " ".join(f for f in VECTOR_FLAGS if f in flags) or "no vector flags read"
-    capped = f" (capped: {ISA_ENV}={os.environ[ISA_ENV]})" if cap else ""
+    capped = f" (capped: {ISA_ENV}={os.environ[ISA_ENV]})" if active() else ""
     return f"{cpu_model() or 'unknown CPU'}, {vector}{capped}"

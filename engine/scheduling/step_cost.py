@@ -129,9 +129,9 @@ class StepCosts:
                 self.decode_times.clear()  # another batch: the old steps no longer describe it
             self.decode_times.append((seconds, decodes))
             self.steps_since_decode = 0
-        elif decodes and self.decode_step_s is not None and self.stall_factor > 1.0:
-            self.prompt_stalls.append(seconds / self.decode_step_s)
-            self._learn(prompt_tokens, seconds / self.decode_step_s)
+        elif decodes and (decode_s := self.decode_step_s) is not None and self.stall_factor > 1.0:
+            self.prompt_stalls.append(seconds / decode_s)
+            self._learn(prompt_tokens, seconds / decode_s)
 
     @property
     def decode_step_s(self) -> float | None:
@@ -177,12 +177,11 @@ class StepCosts:
             self.arrivals.popleft()
 
     def arrival_floor(self) -> int:
-        """Prompt tokens arriving per prompt-carrying step lately (such a step takes up to stall_factor x
-        a decode step), with a margin. The rate is the window's tokens over the time they span, at least
-        ARRIVAL_MIN_SPAN_S: a burst (8 requests in one millisecond) is spread over that, not read as
-        thousands of tokens a second that would lift every step to the cap. Decode steps set the time scale,
-        not the mean step: one unbounded prompt step (no stream generating) would otherwise inflate the
-        floor for ten steps."""
+        """Prompt tokens arriving per prompt-carrying step lately (such a step takes prompt_step_s), with a
+        margin. The rate is the window's tokens over the time they span, at least ARRIVAL_MIN_SPAN_S: a burst
+        (8 requests in one millisecond) is spread over that, not read as thousands of tokens a second that
+        would lift every step to the cap. Steps beside decodes set the time scale, not the mean step: one
+        unbounded prompt step (no stream generating) would otherwise inflate the floor for ten steps."""
         step_s = self.prompt_step_s
         if step_s is None or not self.arrivals:
             return 0
@@ -192,8 +191,8 @@ class StepCosts:
 
     def backlog_floor(self, backlog_tokens: int) -> int:
         """Prompt tokens a step must carry for `backlog_tokens` to drain within about backlog_drain_s of
-        prompt-carrying steps (each about stall_factor x a decode step; longer ones drain slower, so the
-        floor stays up while the backlog does). 0 when off."""
+        prompt-carrying steps (each about prompt_step_s; longer ones drain slower, so the floor stays up
+        while the backlog does). 0 when off."""
         step_s = self.prompt_step_s
         if step_s is None or self.backlog_drain_s <= 0:
             return 0
