@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -237,10 +238,25 @@ async def _settled(r: Replicas, survivor: str, key_tenant: str, expected_request
         await redis.aclose()
 
 
+def engine_and_gateway_ports() -> tuple[int, int]:
+    """A free port P whose successor is free too (`--engine-port P --engines 2` listens on P and P + 1), and a
+    gateway port picked while both are held, so it is neither. Picked one by one, P + 1 was not checked, and an
+    engine once failed with "cannot listen on tcp://127.0.0.1:42732: Address already in use"."""
+    while True:
+        with socket.socket() as first, socket.socket() as second:
+            first.bind(("127.0.0.1", 0))
+            engine_port = first.getsockname()[1]
+            try:
+                second.bind(("127.0.0.1", engine_port + 1))
+            except OSError:
+                continue
+            return engine_port, free_port()
+
+
 def test_up_with_two_engines_serves_through_both(tmp_path: Path) -> None:
     """`pageserve up --engines 2`: two engine processes, each joined by the gateway."""
     folder = tiny_model_with_tokenizer(tmp_path / "tiny")
-    engine_port, port = free_port(), free_port()
+    engine_port, port = engine_and_gateway_ports()
     up = subprocess.Popen([sys.executable, "-m", "ops.cli", "up", "--engines", "2", "--model", str(folder),
                            "--engine-port", str(engine_port), "--port", str(port),
                            "--engine-args", "--threads 1 --kv-cache-memory 0.02"],
