@@ -8,8 +8,9 @@
     utf8_guard.py       ... narrowed to tokens that keep the row's bytes well-formed UTF-8
     host_allocator.py   glibc malloc kept from unmapping a step's large temporaries (set once per process);
                         the CPU KV pool on transparent huge pages
-    model_loader.py     weights from a Hugging Face folder (safetensors) into our LlamaModel
-    models/llama.py     the Llama forward pass, top to bottom with shape comments; owns its cost arithmetic
+    model_loader.py     weights from a Hugging Face folder (safetensors) into our DecoderModel, by the weight-name map
+    models/             the one decoder every architecture runs (decoder.py), its options record (spec.py) and
+                        one config reader + weight-name map per architecture family (architectures/)
     native_layers.py    CPU steps through the same layers in one C++ call (pageserve_kernels/csrc/llama_layers.cpp):
                         the same kernels, bit for bit the Python forward's results, without its glue
     decode_graphs.py    CUDA graphs for decode-only steps (the GPU's counterpart)

@@ -31,7 +31,7 @@ import torch
 
 from engine.worker.input_batch import StepInputs
 from engine.worker.layers.attention import AttentionMetadata, PagedAttentionOp
-from engine.worker.models.llama import LlamaModel
+from engine.worker.models.decoder import DecoderModel
 
 
 def bucket_sizes(max_num_seqs: int) -> list[int]:
@@ -96,7 +96,7 @@ class StaticDecodeInputs:
 class DecodeGraphs:
     """Recorded decode forwards, one per bucket; `forward` replays the right one or returns None."""
 
-    def __init__(self, model: LlamaModel, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+    def __init__(self, model: DecoderModel, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
                  attention: PagedAttentionOp) -> None:
         self._model, self._kv_caches, self._attention = model, kv_caches, attention
         self._graphs: dict[int, tuple[Any, StaticDecodeInputs, torch.Tensor]] = {}

@@ -24,7 +24,7 @@ import torch
 
 from engine.config import CacheConfig, ConfigError
 from engine.worker.host_allocator import zeros_on_huge_pages
-from engine.worker.models.llama import LlamaShape
+from engine.worker.models.spec import ModelSpec
 from pageserve_kernels.block_moves import CopyBlocksFn, select_block_mover
 from pageserve_kernels.dispatch import copy_blocks_torch
 
@@ -46,7 +46,7 @@ class CacheLayout:
         return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * self.dtype.itemsize
 
     @classmethod
-    def from_budget(cls, cache: CacheConfig, shape: LlamaShape, dtype: torch.dtype) -> CacheLayout:
+    def from_budget(cls, cache: CacheConfig, shape: ModelSpec, dtype: torch.dtype) -> CacheLayout:
         per_block = shape.kv_bytes_per_token(dtype) * cache.block_size
         device = cache.num_device_blocks if cache.num_device_blocks is not None else cache.kv_cache_memory // per_block
         cpu = cache.num_cpu_blocks if cache.num_cpu_blocks is not None else cache.swap_space // per_block

@@ -1,11 +1,13 @@
-"""Weights from a Hugging Face folder into our `LlamaModel`, read straight from safetensors.
+"""Weights from a Hugging Face folder into our `DecoderModel`, read straight from safetensors.
 
 `shared.model_store.resolve_model(spec)` turns "smollm2" or a local path into a
 folder holding config.json and model.safetensors (or shards with an index).
-Their tensors are renamed and fused here (q|k|v -> qkv, gate|up -> gate_up)
-and cast to the engine's dtype; transformers is not involved, so any local
-Llama-family folder loads the same way. Tied models point lm_head at the
-embedding matrix. This module knows nothing about KV caches or requests.
+Their tensors are renamed and fused here by the architecture's weight-name map
+(engine/worker/models/architectures/: q|k|v -> qkv, gate|up -> gate_up) and cast to the
+engine's dtype; transformers is not involved. Every parameter of the model must be filled and
+every tensor of the checkpoint used, so a misread architecture fails at start, never later.
+Tied models point lm_head at the embedding matrix. This module knows nothing about KV caches
+or requests.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ import torch
 from safetensors import safe_open
 
 from engine.config import ModelConfig
-from engine.worker.models.llama import LlamaModel, LlamaShape, ModelConfigError
+from engine.worker.models.architectures import read_architecture
+from engine.worker.models.decoder import DecoderModel
+from engine.worker.models.spec import ModelConfigError, ModelSpec, WeightNames
 from pageserve_kernels.cpu_features import has_bf16_hardware, has_fast_matmul
 from shared.model_store import ModelFiles, resolve_model
 
@@ -32,8 +36,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 @dataclass(frozen=True)
 class LoadedModel:
-    model: LlamaModel
-    shape: LlamaShape
+    model: DecoderModel
+    shape: ModelSpec
     name: str
     """The served model name."""
     path: Path
@@ -53,11 +57,11 @@ def resolve_dtype(dtype: str, device: str) -> str:
     return "bfloat16" if torch.device(device).type != "cpu" or has_bf16_hardware() else "float32"
 
 
-def load_model(config: ModelConfig, shard: Callable[[LlamaModel], LlamaModel] | None = None) -> LoadedModel:
+def load_model(config: ModelConfig, shard: Callable[[DecoderModel], DecoderModel] | None = None) -> LoadedModel:
     """`shard`: turns the loaded full model into one tensor-parallel rank's (engine/worker/parallel/),
     before the device move and the packing; `LoadedModel.shape` stays the full model's."""
     files = resolve_model(config.model)
-    shape = LlamaShape.from_hf_config(files.config)
+    shape, names = read_architecture(files.config)
     max_len = min(config.max_model_len or shape.max_position_embeddings, shape.max_position_embeddings)
     dtype_name = resolve_dtype(config.dtype, config.device)
     dtype = DTYPES[dtype_name]
@@ -65,8 +69,8 @@ def load_model(config: ModelConfig, shard: Callable[[LlamaModel], LlamaModel] | 
         log.warning("%s products have no hardware support on this CPU (no AVX512-BF16/FP16 or AMX): they are "
                     "emulated and run several times slower than float32; --dtype float32 is faster here",
                     dtype_name)
-    model = LlamaModel(shape, dtype, max_len)
-    _load_weights(model, shape, files, dtype)
+    model = DecoderModel(shape, dtype, max_len)
+    _load_weights(model, names, files, dtype)
     if shard is not None:
         model = shard(model)
     model.to(config.device)
@@ -103,7 +107,7 @@ def _read_tensors(folder: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def _load_weights(model: LlamaModel, shape: LlamaShape, files: ModelFiles, dtype: torch.dtype) -> None:
+def _load_weights(model: DecoderModel, names: WeightNames, files: ModelFiles, dtype: torch.dtype) -> None:
     w = _read_tensors(files.path)
 
     def take(name: str) -> torch.Tensor:
@@ -112,26 +116,35 @@ def _load_weights(model: LlamaModel, shape: LlamaShape, files: ModelFiles, dtype
         except KeyError:
             raise ModelConfigError(f"{files.path}: tensor {name!r} is missing") from None
 
+    shape = model.shape
+    filled: set[str] = set()
     with torch.no_grad():
-        model.embed.data = take("model.embed_tokens.weight")
+        model.embed.data = take(names.embed)
         for i, layer in enumerate(model.layers):
-            p = f"model.layers.{i}."
-            layer.input_norm.weight.data = take(p + "input_layernorm.weight")
-            layer.post_attn_norm.weight.data = take(p + "post_attention_layernorm.weight")
-            qkv = [take(p + f"self_attn.{n}_proj.weight") for n in "qkv"]
-            layer.attn.qkv_weight.data = torch.cat(qkv, dim=0).contiguous()
-            if shape.attention_bias:
-                layer.attn.qkv_bias.data = torch.cat([take(p + f"self_attn.{n}_proj.bias") for n in "qkv"])
-            layer.attn.o_weight.data = take(p + "self_attn.o_proj.weight")
-            gate_up = [take(p + f"mlp.{n}_proj.weight") for n in ("gate", "up")]
-            layer.mlp.gate_up_weight.data = torch.cat(gate_up, dim=0).contiguous()
-            layer.mlp.down_weight.data = take(p + "mlp.down_proj.weight")
-        model.norm.weight.data = take("model.norm.weight")
+            prefix = f"{names.layers_prefix}{i}."
+            for ours, theirs in names.layer.items():
+                param = layer.get_parameter(ours)
+                param.data = torch.cat([take(prefix + n) for n in theirs]).contiguous()
+                filled.add(f"{i}.{ours}")
+            if shape.is_sparse(i):
+                from engine.worker.models.moe_weights import load_moe  # noqa: PLC0415 (MoE models only)
+
+                load_moe(layer.mlp, names.moe_style, prefix, take)
+                filled.update(f"{i}.mlp.{n}" for n, _ in layer.mlp.named_parameters())
+        model.norm.weight.data = take(names.final_norm)
         if shape.tie_word_embeddings:
-            w.pop("lm_head.weight", None)
+            w.pop(names.lm_head, None)
             model.lm_head = model.embed  # tied: one matrix, two uses
         else:
-            model.lm_head.data = take("lm_head.weight")
+            model.lm_head.data = take(names.lm_head)
+        if shape.norm_plus_one:  # Gemma's norms scale by (1 + weight): stored so, one RMSNorm kernel serves
+            for name, param in model.named_parameters():
+                if name.endswith("norm.weight") or name.endswith("_norm"):
+                    param.data = (param.data.float() + 1.0).to(dtype)
+    unfilled = [n for n, _ in model.layers.named_parameters() if n not in filled]
+    if unfilled:
+        raise ModelConfigError(f"{files.path}: no checkpoint tensor for {unfilled[:5]} (a wrong weight-name map?)")
     leftover = [n for n in w if not n.endswith("rotary_emb.inv_freq")]
     if leftover:
-        raise ModelConfigError(f"{files.path}: unexpected tensors {leftover[:5]} (not a Llama-family model?)")
+        raise ModelConfigError(f"{files.path}: unexpected tensors {leftover[:5]} (not a {shape.architecture} "
+                               "model, or a part pageserve does not implement)")

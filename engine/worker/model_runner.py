@@ -23,7 +23,7 @@ from engine.worker.decode_graphs import DecodeGraphs
 from engine.worker.input_batch import build_step_inputs, order_chunks
 from engine.worker.kv_cache import CacheLayout, KVCache
 from engine.worker.layers.attention import KernelPagedAttention, PagedAttentionOp, TorchPagedAttention
-from engine.worker.models.llama import LlamaModel
+from engine.worker.models.decoder import DecoderModel
 from engine.worker.native_layers import NativeLayers
 from engine.worker.sampler import Sampler
 from engine.worker.structured_outputs import StructuredOutputs
@@ -54,7 +54,7 @@ def _cpu_attention(device: torch.device, layout: CacheLayout, num_heads: int) ->
 
 class ModelRunner:
     def __init__(
-        self, model: LlamaModel, kv_cache: KVCache, sampler: Sampler,
+        self, model: DecoderModel, kv_cache: KVCache, sampler: Sampler,
         attention_backend: str | AttentionBackend = "auto", structured: StructuredOutputs | None = None,
     ) -> None:
         host_allocator.keep_freed_buffers()  # once per process: a step's temporaries stay mapped

@@ -28,7 +28,7 @@ import torch
 from engine.worker.input_batch import StepInputs
 from engine.worker.layers.attention import PagedAttentionOp, TorchPagedAttention
 from engine.worker.layers.linear import LinearPlan, layout_of
-from engine.worker.models.llama import LlamaModel
+from engine.worker.models.decoder import DecoderModel
 from pageserve_kernels import (
     choice,
     cpu_decode,
@@ -52,7 +52,7 @@ _NO_TIMINGS = torch.empty(0, dtype=torch.float64)
 
 
 class NativeLayers:
-    def __init__(self, model: LlamaModel, kv_layers: list[tuple[torch.Tensor, torch.Tensor]], kernels: list[int],
+    def __init__(self, model: DecoderModel, kv_layers: list[tuple[torch.Tensor, torch.Tensor]], kernels: list[int],
                  isa: int, dot_products: int) -> None:
         self.model, self.kv_layers, self.kernels = model, kv_layers, kernels
         self.isa, self.dot_products = isa, dot_products
@@ -67,7 +67,7 @@ class NativeLayers:
         None (the engine's case) times nothing."""
 
     @classmethod
-    def build(cls, model: LlamaModel, kv_layers: list[tuple[torch.Tensor, torch.Tensor]],
+    def build(cls, model: DecoderModel, kv_layers: list[tuple[torch.Tensor, torch.Tensor]],
               attention: PagedAttentionOp) -> NativeLayers | None:
         """The C++ layers for this model on this host, or None where its Python forward must run every step."""
         forced = choice.forced("llama_layers")
@@ -129,7 +129,7 @@ class NativeLayers:
             weights = [(a.qkv_weight, a.qkv_packed), (a.o_weight, a.o_packed), (m.gate_up_weight, m.gate_up_packed),
                        (m.down_weight, m.down_packed)]
             products = [_product_weight(w, p, impl) for (w, p), impl in zip(weights, impls, strict=True)]
-            tensors += [layer.input_norm.weight, *products[:2], layer.post_attn_norm.weight, *products[2:],
+            tensors += [layer.input_norm.weight, *products[:2], layer.pre_mlp_norm.weight, *products[2:],
                         key_cache, value_cache]
         s = self.model.shape
         outs = [s.num_heads * s.head_dim + 2 * s.num_kv_heads * s.head_dim, s.hidden_size, 2 * s.intermediate_size,
@@ -148,9 +148,12 @@ def _product_weight(weight: torch.Tensor, plan: object, impl: str) -> torch.Tens
     return weight
 
 
-def _plain_cpu_llama(model: LlamaModel, attention: PagedAttentionOp) -> bool:
-    """The model the C++ loop mirrors: the plain Llama layers (not tensor-parallel), packed, on the CPU."""
-    if type(model) is not LlamaModel or model.dtype not in (torch.float32, torch.bfloat16):
+def _plain_cpu_llama(model: DecoderModel, attention: PagedAttentionOp) -> bool:
+    """The model the C++ loop mirrors: the plain Llama layers (not tensor-parallel), packed, on the CPU.
+    Other architectures' options (engine/worker/models/spec.py) run the Python forward."""
+    if type(model) is not DecoderModel or model.dtype not in (torch.float32, torch.bfloat16):
+        return False
+    if not model.shape.is_plain_llama:
         return False
     if not (isinstance(attention, TorchPagedAttention) and attention.native_decode) or not model.embed.is_cpu:
         return False
@@ -164,7 +167,7 @@ def _plain_cpu_llama(model: LlamaModel, attention: PagedAttentionOp) -> bool:
     return True
 
 
-def _kernel_addresses(model: LlamaModel, prompts_in_c: bool) -> list[int] | None:
+def _kernel_addresses(model: DecoderModel, prompts_in_c: bool) -> list[int] | None:
     """llama_layers.cpp's `Kernels`, or None where some op of the layer would not run its C kernel here; no
     prefill kernel where PyTorch's attention won (pageserve_kernels/prefill_choice.py): the loop calls it."""
     s, dtype = model.shape, model.dtype

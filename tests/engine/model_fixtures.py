@@ -23,9 +23,10 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def make_llm(model: Path | str, *, blocks: int = 64, block_size: int = 4, budget: int = 32, seqs: int = 8,
-             cpu_blocks: int = 64, **kwargs: Any) -> LLM:
+             cpu_blocks: int = 64, dtype: str = "float32", max_model_len: int | None = None, **kwargs: Any) -> LLM:
     sched = SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=seqs, **kwargs)
-    return LLM(str(model), "float32", num_device_blocks=blocks, num_cpu_blocks=cpu_blocks, block_size=block_size, scheduler=sched)
+    return LLM(str(model), dtype, num_device_blocks=blocks, num_cpu_blocks=cpu_blocks, block_size=block_size,
+               scheduler=sched, max_model_len=max_model_len)
 
 
 def random_prompts(lengths: list[int], vocab: int, seed: int = 0) -> list[list[int]]:

@@ -20,9 +20,10 @@ import torch
 from torch import nn
 
 from engine.worker.layers.linear import Packed, linear, pack_in_place
+from engine.worker.models.spec import ModelSpec
 from pageserve_kernels import cpu_attention
 from pageserve_kernels.cpu_attention import AttentionPlan
-from pageserve_kernels.fused_ops import rotate_qk
+from pageserve_kernels.fused_ops import rms_norm, rotate_qk
 
 
 @dataclass(frozen=True)
@@ -100,18 +101,31 @@ class KernelPagedAttention:
 
 
 class Attention(nn.Module):
-    def __init__(
-        self, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int, bias: bool, dtype: torch.dtype
-    ) -> None:
+    """One layer's attention; the architecture's options act at the lines named after them."""
+
+    def __init__(self, spec: ModelSpec, layer: int, dtype: torch.dtype) -> None:
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
-        self.q_size, self.kv_size = num_heads * head_dim, num_kv_heads * head_dim
-        self.scale = head_dim**-0.5
+        self.num_heads, self.num_kv_heads, self.head_dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
+        self.q_size, self.kv_size = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
+        self.scale = spec.scale
+        self.rotary_dim = spec.rotary_dim  # 0: every channel rotates
+        self.eps = spec.rms_norm_eps
+        self.options: dict[str, Any] = {}
+        """What this layer passes the attention op beyond a plain causal layer: its sliding window and
+        score soft-cap (Mistral, Qwen's upper layers, Gemma), so plain layers call the op as before."""
+        if spec.window(layer):
+            self.options["window"] = spec.window(layer)
+        if spec.attn_softcap:
+            self.options["softcap"] = spec.attn_softcap
         qkv_rows = self.q_size + 2 * self.kv_size
+        hidden = spec.hidden_size
         # q, k and v projections fused into one matrix: one product instead of three.
-        self.qkv_weight = nn.Parameter(torch.empty(qkv_rows, hidden_size, dtype=dtype), requires_grad=False)
-        self.qkv_bias = nn.Parameter(torch.zeros(qkv_rows, dtype=dtype), requires_grad=False) if bias else None
-        self.o_weight = nn.Parameter(torch.empty(hidden_size, self.q_size, dtype=dtype), requires_grad=False)
+        self.qkv_weight = nn.Parameter(torch.empty(qkv_rows, hidden, dtype=dtype), requires_grad=False)
+        self.qkv_bias = _maybe(spec.attention_bias, qkv_rows, dtype, 0.0)
+        self.o_weight = nn.Parameter(torch.empty(hidden, self.q_size, dtype=dtype), requires_grad=False)
+        self.o_bias = _maybe(spec.o_bias, hidden, dtype, 0.0)
+        self.q_norm = _maybe(spec.qk_norm, spec.head_dim, dtype, 1.0)  # per-head RMSNorm weights (Qwen3, Gemma 3)
+        self.k_norm = _maybe(spec.qk_norm, spec.head_dim, dtype, 1.0)
         self.qkv_packed: Packed | None = None
         self.o_packed: Packed | None = None
 
@@ -122,8 +136,8 @@ class Attention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,  # (T, H)
-        cos: torch.Tensor,  # (T, 1, hd)
-        sin_signed: torch.Tensor,  # (T, 1, hd)
+        cos: torch.Tensor,  # (T, 1, rotary dim)
+        sin_signed: torch.Tensor,  # (T, 1, rotary dim)
         kv_cache: tuple[torch.Tensor, torch.Tensor],  # this layer's K and V pools
         meta: AttentionMetadata,
         paged_attention: PagedAttentionOp,
@@ -131,7 +145,22 @@ class Attention(nn.Module):
         t, n_q, n_kv = x.shape[0], self.num_heads, self.num_kv_heads
         qkv = linear(x, self.qkv_weight, self.qkv_packed, self.qkv_bias)  # (T, q_size + 2 kv_size)
         heads = qkv.view(t, n_q + 2 * n_kv, self.head_dim)  # q | k | v heads
-        qk = rotate_qk(heads[:, : n_q + n_kv], cos, sin_signed)  # q and k rotated together (in place on the C path)
+        qk = heads[:, : n_q + n_kv]
+        if self.q_norm is not None and self.k_norm is not None:  # qk_norm: each head normed before rotary
+            qk = torch.cat((rms_norm(qk[:, :n_q].reshape(-1, self.head_dim), self.q_norm, self.eps).view(t, n_q, -1),
+                            rms_norm(qk[:, n_q:].reshape(-1, self.head_dim), self.k_norm, self.eps).view(t, n_kv, -1)),
+                           dim=1)
+        if self.rotary_dim:  # partial rotary (Phi-3): the first rotary_dim channels of each head turn
+            qk = qk.clone()
+            qk[..., : self.rotary_dim] = rotate_qk(qk[..., : self.rotary_dim], cos, sin_signed)
+        else:
+            qk = rotate_qk(qk, cos, sin_signed)  # q and k rotated together (in place on the C path)
         q, k = qk.split((n_q, n_kv), dim=1)  # (T, n_q, hd), (T, n_kv, hd)
-        o = paged_attention(q, k, heads[:, n_q + n_kv :], kv_cache[0], kv_cache[1], meta, self.scale)  # (T, n_q, hd)
-        return linear(o.view(t, self.q_size), self.o_weight, self.o_packed)
+        o = paged_attention(q, k, heads[:, n_q + n_kv :], kv_cache[0], kv_cache[1], meta, self.scale,
+                            **self.options)  # (T, n_q, hd)
+        return linear(o.reshape(t, self.q_size), self.o_weight, self.o_packed, self.o_bias)
+
+
+def _maybe(present: bool, size: int, dtype: torch.dtype, fill: float) -> nn.Parameter | None:
+    """A 1-D parameter the architecture has (a bias, a norm's weight), or None where it has none."""
+    return nn.Parameter(torch.full((size,), fill, dtype=dtype), requires_grad=False) if present else None

@@ -1,8 +1,12 @@
-"""SwiGLU feed-forward: down(silu(gate(x)) * up(x)), gate and up fused into one product, read once."""
+"""Gated feed-forward: down(act(gate(x)) * up(x)), gate and up fused into one product, read once.
+
+The activation is the architecture's: SiLU (SwiGLU: Llama, Qwen, Phi-3, Granite) or GELU with
+the tanh approximation (Gemma's GeGLU)."""
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from engine.worker.layers.linear import Packed, linear, pack_in_place
@@ -10,9 +14,9 @@ from pageserve_kernels.fused_ops import silu_and_mul
 
 
 class GatedMLP(nn.Module):
-    def __init__(self, hidden_size: int, intermediate_size: int, dtype: torch.dtype) -> None:
+    def __init__(self, hidden_size: int, intermediate_size: int, dtype: torch.dtype, activation: str = "silu") -> None:
         super().__init__()
-        self.intermediate_size = intermediate_size
+        self.intermediate_size, self.activation = intermediate_size, activation
         self.gate_up_weight = nn.Parameter(
             torch.empty(2 * intermediate_size, hidden_size, dtype=dtype), requires_grad=False
         )
@@ -25,4 +29,9 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (T, H) -> (T, H)
         gate_up = linear(x, self.gate_up_weight, self.gate_up_packed)  # (T, 2 I)
-        return linear(silu_and_mul(gate_up), self.down_weight, self.down_packed)  # (T, I) -> (T, H)
+        if self.activation == "gelu_tanh":
+            gate, up = gate_up.chunk(2, dim=-1)
+            h = F.gelu(gate, approximate="tanh") * up  # (T, I)
+        else:
+            h = silu_and_mul(gate_up)  # (T, I)
+        return linear(h, self.down_weight, self.down_packed)  # (T, H)

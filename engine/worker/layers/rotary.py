@@ -23,19 +23,27 @@ class RopeError(ValueError):
     """The model's rope scaling type is not supported."""
 
 
-def inverse_frequencies(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
-    """(head_dim / 2,) float32 inverse frequencies, after the model's rope scaling."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+def inverse_frequencies(head_dim: int, theta: float, scaling: dict[str, Any] | None,
+                        max_position: int = 0) -> torch.Tensor:
+    """(head_dim / 2,) float32 inverse frequencies, after the model's rope scaling (head_dim: the
+    rotating channels)."""
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+    inv_freq = 1.0 / (theta**exponents)
     kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
     if kind == "default":
         return inv_freq
     assert scaling is not None
+    if kind == "longrope":  # Phi-3: per-channel factors, the long set iff the served context passes the
+        # trained one (decided once, vLLM's rule: engine/worker/models/architectures/phi3.py)
+        long = max_position > int(scaling["original_max_position_embeddings"])
+        factors = torch.tensor(scaling["long_factor" if long else "short_factor"], dtype=torch.float32)
+        return 1.0 / (factors * theta**exponents)
     factor = float(scaling["factor"])
     if kind == "linear":
         return inv_freq / factor
     if kind == "llama3":
         return _llama3(inv_freq, factor, scaling)
-    raise RopeError(f"rope scaling type {kind!r} is not supported (default, linear, llama3)")
+    raise RopeError(f"rope scaling type {kind!r} is not supported (default, linear, llama3, longrope)")
 
 
 def _llama3(inv_freq: torch.Tensor, factor: float, scaling: dict[str, Any]) -> torch.Tensor:
@@ -55,9 +63,12 @@ class RotaryEmbedding:
         self, head_dim: int, max_position: int, theta: float, scaling: dict[str, Any] | None,
         device: torch.device | str = "cpu",
     ) -> None:
-        inv_freq = inverse_frequencies(head_dim, theta, scaling)
+        inv_freq = inverse_frequencies(head_dim, theta, scaling, max_position)
         freqs = torch.arange(max_position, dtype=torch.int64).float()[:, None] * inv_freq[None, :]  # (P, hd/2)
         cos, sin = freqs.cos(), freqs.sin()
+        attention_factor = float((scaling or {}).get("attention_factor") or 1.0)  # LongRoPE's, on cos and sin
+        if attention_factor != 1.0:
+            cos, sin = cos * attention_factor, sin * attention_factor
         self.cos = torch.cat((cos, cos), dim=-1).to(device=device)  # (P, hd) float32
         self.sin_signed = torch.cat((-sin, sin), dim=-1).to(device=device)  # (P, hd) float32
         self.max_position = max_position

@@ -1,4 +1,4 @@
-"""The tensor-parallel Llama: our LlamaModel over one rank's shard, with the collectives Megatron-LM places.
+"""The tensor-parallel Llama: our DecoderModel over one rank's shard, with the collectives Megatron-LM places.
 
     embed_tokens   vocabulary-parallel: each rank looks up the ids in its vocabulary slice
                    (others read row 0 and are zeroed), then all_reduce (T, H)
@@ -8,7 +8,7 @@
     compute_logits this rank's (N, V / n) slice of the LM head, gathered on rank 0: (N, V) there,
                    None on the other ranks (only rank 0 samples)
 
-The layer code itself is unchanged: a DecoderLayer built from the rank's narrower LlamaShape
+The layer code itself is unchanged: a DecoderLayer built from the rank's narrower ModelSpec
 (fewer heads, a narrower MLP, a vocabulary slice) computes exactly its share, and the
 collectives (engine/worker/parallel/group.py) wrap its outputs.
 This module knows nothing about processes, scheduling or how the weights were sliced.
@@ -22,7 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.worker.models.llama import LlamaModel, LlamaShape
+from engine.worker.models.decoder import DecoderModel
+from engine.worker.models.spec import ModelSpec
 from engine.worker.parallel.group import RankGroup
 from engine.worker.parallel.partition import ShardPlan
 
@@ -41,9 +42,9 @@ class RowParallelOutput(nn.Module):
         return self.group.all_reduce(self.inner(*args))
 
 
-class ParallelLlama(LlamaModel):
+class ParallelLlama(DecoderModel):
     def __init__(
-        self, local_shape: LlamaShape, dtype: torch.dtype, max_position: int, plan: ShardPlan, group: RankGroup
+        self, local_shape: ModelSpec, dtype: torch.dtype, max_position: int, plan: ShardPlan, group: RankGroup
     ) -> None:
         """`local_shape`: this rank's widths (heads, intermediate, vocabulary slice) of the full model."""
         super().__init__(local_shape, dtype, max_position)

@@ -34,7 +34,8 @@ from engine.config import EngineConfig
 from engine.outputs import SchedulerOutput
 from engine.step_failures import EngineStateLost
 from engine.worker.kv_cache import CacheLayout
-from engine.worker.models.llama import LlamaModel, LlamaShape
+from engine.worker.models.architectures import read_spec
+from engine.worker.models.decoder import DecoderModel
 from engine.worker.parallel.group import RankGroup, threads_per_rank
 from engine.worker.parallel.partition import check_tensor_parallel, plan_shards
 from engine.worker.parallel.sharding import shard_model
@@ -66,7 +67,7 @@ def spawn_worker(spec: WorkerSpec) -> tuple[subprocess.Popen[bytes], Connection]
 class TensorParallelLeader:
     def __init__(self, config: EngineConfig) -> None:
         world = config.tensor_parallel_size
-        shape = LlamaShape.from_hf_config(resolve_model(config.model.model).config)
+        shape = read_spec(resolve_model(config.model.model).config)
         check_tensor_parallel(shape, world, config.model.device)
         self.plan = plan_shards(shape, world, 0)
         threads = threads_per_rank(torch.get_num_threads(), world)
@@ -90,7 +91,7 @@ class TensorParallelLeader:
             self.close()
             raise
 
-    def shard(self, full: LlamaModel) -> LlamaModel:
+    def shard(self, full: DecoderModel) -> DecoderModel:
         assert self.group is not None
         return shard_model(full, self.plan, self.group)
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.config import ConfigError
-from engine.worker.models.llama import LlamaShape
+from engine.worker.models.spec import ModelSpec
 
 FLAG = "--tensor-parallel-size"
 
@@ -61,7 +61,7 @@ def even_split(total: int, parts: int, rank: int) -> tuple[int, int]:
     return start, start + base + (1 if rank < extra else 0)
 
 
-def check_tensor_parallel(shape: LlamaShape, world_size: int, device: str) -> None:
+def check_tensor_parallel(shape: ModelSpec, world_size: int, device: str) -> None:
     """Raise ConfigError, naming the flag, when this model cannot be split this way."""
     if world_size < 1:
         raise ConfigError(f"{FLAG} must be at least 1, not {world_size}")
@@ -74,7 +74,7 @@ def check_tensor_parallel(shape: LlamaShape, world_size: int, device: str) -> No
         raise ConfigError(f"{FLAG} > 1 runs on the CPU (torch.distributed gloo); device {device!r} is not supported")
 
 
-def plan_shards(shape: LlamaShape, world_size: int, rank: int) -> ShardPlan:
+def plan_shards(shape: ModelSpec, world_size: int, rank: int) -> ShardPlan:
     group = shape.num_heads // shape.num_kv_heads
     kv = even_split(shape.num_kv_heads, world_size, rank)
     slice_ = -(-shape.vocab_size // world_size)

@@ -30,7 +30,7 @@ from engine.worker.input_batch import build_step_inputs, order_chunks
 from engine.worker.kv_cache import CacheLayout, KVCache
 from engine.worker.model_loader import DTYPES, load_model
 from engine.worker.model_runner import ModelRunner
-from engine.worker.models.llama import LlamaShape
+from engine.worker.models.architectures import read_spec
 from engine.worker.parallel.group import RankGroup
 from engine.worker.parallel.partition import ShardPlan, plan_shards
 from engine.worker.parallel.sharding import shard_model
@@ -118,7 +118,7 @@ def worker_main(conn: Connection) -> None:
     world = spec.config.tensor_parallel_size
     group = RankGroup(spec.store_path, spec.rank, world)
     try:
-        shape = LlamaShape.from_hf_config(resolve_model(spec.config.model.model).config)
+        shape = read_spec(resolve_model(spec.config.model.model).config)
         runner = build_rank_runner(spec.config, plan_shards(shape, world, spec.rank), group)
         group.barrier()  # loaded: rank 0 starts serving once every rank has
         serve_steps(runner, conn)

@@ -25,7 +25,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from engine.worker.models.llama import LlamaShape
+from engine.worker.models.spec import ModelSpec
 from pageserve_kernels import native_build
 
 SOURCE = r"""
@@ -71,7 +71,7 @@ double fma_gflops(int64_t iters, int nthreads) {
 """
 
 # SmolLM2-135M, the default model (numbers from its config.json)
-SMOLLM2 = LlamaShape(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9,
+SMOLLM2 = ModelSpec(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9,
                      num_kv_heads=3, head_dim=64, rms_norm_eps=1e-5, rope_theta=100000.0, rope_scaling=None,
                      tie_word_embeddings=True, attention_bias=False, max_position_embeddings=8192)
 _Q, _KV = SMOLLM2.num_heads * SMOLLM2.head_dim, SMOLLM2.num_kv_heads * SMOLLM2.head_dim

@@ -31,12 +31,16 @@ def test_float32_logits_pass_through() -> None:
 
 
 def test_the_model_breaks_ties_too() -> None:
-    """LlamaModel.compute_logits goes through exact_near_max (the vocab product of a bfloat16 model)."""
-    from engine.worker.models import llama
+    """DecoderModel.compute_logits goes through exact_near_max (the vocab product of a bfloat16 model)."""
+    from engine.worker.models.decoder import DecoderModel
+    from engine.worker.models.spec import ModelSpec
 
     hidden, weight = _tie()
-    model = llama.LlamaModel.__new__(llama.LlamaModel)
+    model = DecoderModel.__new__(DecoderModel)
     torch.nn.Module.__init__(model)
+    model.shape = ModelSpec(vocab_size=20, hidden_size=8, intermediate_size=8, num_layers=0, num_heads=1,
+                            num_kv_heads=1, head_dim=8, rms_norm_eps=1e-6, rope_theta=1e4, rope_scaling=None,
+                            tie_word_embeddings=False, attention_bias=False, max_position_embeddings=8)
     model.norm = torch.nn.Identity()
     model.lm_head = torch.nn.Parameter(weight, requires_grad=False)
     model.lm_head_packed = None

@@ -7,9 +7,9 @@ import torch
 
 from engine.config import CacheConfig, ConfigError
 from engine.worker.kv_cache import CacheLayout, KVCache
-from engine.worker.models.llama import LlamaShape
+from engine.worker.models.spec import ModelSpec
 
-SHAPE = LlamaShape(
+SHAPE = ModelSpec(
     vocab_size=10, hidden_size=8, intermediate_size=8, num_layers=3, num_heads=2, num_kv_heads=2, head_dim=4,
     rms_norm_eps=1e-6, rope_theta=1e4, rope_scaling=None, tie_word_embeddings=True, attention_bias=False,
     max_position_embeddings=64,

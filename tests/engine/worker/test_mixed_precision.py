@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from engine.llm import LLM
-from engine.worker.models.llama import DecoderLayer
+from engine.worker.models.decoder import DecoderLayer
 from pageserve_kernels import cpu_fused_bf16
 from shared.sampling import SamplingParams
 from tests.engine.model_fixtures import random_prompts, tiny_model

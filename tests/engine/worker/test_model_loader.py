@@ -14,7 +14,7 @@ from engine.config import ModelConfig
 from engine.worker import model_loader
 from engine.worker.layers import linear as linear_mod
 from engine.worker.model_loader import load_model
-from engine.worker.models.llama import ModelConfigError
+from engine.worker.models.spec import ModelConfigError
 from pageserve_kernels import choice
 from shared.sampling import SamplingParams
 from tests.engine.model_fixtures import hf_greedy, make_llm, random_prompts
@@ -51,7 +51,7 @@ def test_loaded_shape_and_fused_weights(tmp_path: Path, monkeypatch: pytest.Monk
 
 def test_non_llama_config_is_rejected(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}))
-    with pytest.raises(ModelConfigError, match="not a Llama-family"):
+    with pytest.raises(ModelConfigError, match="model_type=.gpt2. is not supported"):
         load_model(ModelConfig(str(tmp_path)))
 
 

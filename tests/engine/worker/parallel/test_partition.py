@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from engine.config import ConfigError, EngineConfig
-from engine.worker.models.llama import LlamaShape
+from engine.worker.models.spec import ModelSpec
 from engine.worker.parallel.partition import check_tensor_parallel, even_split, plan_shards
 from ops.launcher import engine_command, parse_args
 from tests.engine.model_fixtures import tiny_model  # noqa: F401 (a fixture)
 
-SMOLLM2 = LlamaShape(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9,
+SMOLLM2 = ModelSpec(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9,
                      num_kv_heads=3, head_dim=64, rms_norm_eps=1e-5, rope_theta=1e5, rope_scaling=None,
                      tie_word_embeddings=True, attention_bias=False, max_position_embeddings=8192)
 

@@ -1,10 +1,14 @@
-"""The Llama family decoder (Llama 2/3, SmolLM, Mistral-style GQA), read top to bottom.
+"""The one decoder every supported architecture runs, read top to bottom.
 
-    token ids (T,) ─ embed ─> x (T, H)
+    token ids (T,) ─ embed (x embed_scale) ─> x (T, H)
     for each layer:   x = x + attn(norm(x))        attention reads/writes the paged KV cache
-                      x = x + mlp(norm(x))
+                      x = x + mlp(norm(x))         a gated MLP, or a mixture of experts
     sampled rows only: logits = lm_head(norm(x[rows]))   (N, V): the vocab product is the
                                                          costliest shape, never run per prompt token
+What the architectures change is a named option of ModelSpec (engine/worker/models/spec.py),
+read once from config.json (engine/worker/models/architectures/), and acts at the line that
+names it: q/k biases, q/k norms, windows and soft-caps (in Attention), the activation (GatedMLP),
+Gemma's sandwich norms, Granite's residual scale, the embedding and logit scales (here).
 Each residual add is fused into the norm that follows it (vLLM's pattern): a
 layer takes and returns (h, residual), where the stream above is x = h + residual,
 and `RMSNorm.add_norm` does residual += h; h = norm(residual) in one pass.
@@ -13,14 +17,11 @@ are in the model dtype (pageserve_kernels/fused_reference.py: one rounding per o
 keeps a bfloat16 model's greedy tokens closer to the float32 model's).
 The batch is flat: T tokens of many requests, positions given per token; which
 rows belong to which request is the attention metadata's business. The model
-also owns its cost arithmetic (`LlamaShape.kv_bytes_per_token`, `flops_per_token`).
+also owns its cost arithmetic (`ModelSpec.kv_bytes_per_token`, `flops_per_token`).
 It knows nothing about requests, scheduling, sampling or tokenizers.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -32,81 +33,20 @@ from engine.worker.layers.linear import Packed, linear, pack
 from engine.worker.layers.mlp import GatedMLP
 from engine.worker.layers.norm import RMSNorm
 from engine.worker.layers.rotary import RotaryEmbedding
-
-
-class ModelConfigError(ValueError):
-    """config.json describes a model this implementation cannot run."""
-
-
-@dataclass(frozen=True)
-class LlamaShape:
-    """The architecture numbers of one Llama-family model (from its config.json)."""
-
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    rope_theta: float
-    rope_scaling: dict[str, Any] | None
-    tie_word_embeddings: bool
-    attention_bias: bool
-    max_position_embeddings: int
-
-    @classmethod
-    def from_hf_config(cls, cfg: dict[str, Any]) -> LlamaShape:
-        if cfg.get("model_type") not in ("llama", "mistral", None) and "LlamaForCausalLM" not in cfg.get(
-            "architectures", []
-        ):
-            raise ModelConfigError(f"model_type {cfg.get('model_type')!r} is not a Llama-family model")
-        if cfg.get("mlp_bias"):
-            raise ModelConfigError("mlp_bias=true is not supported")
-        if cfg.get("hidden_act", "silu") != "silu":
-            raise ModelConfigError(f"hidden_act {cfg.get('hidden_act')!r} is not supported (silu only)")
-        heads = int(cfg["num_attention_heads"])
-        kv_heads = int(cfg.get("num_key_value_heads") or heads)
-        if heads % kv_heads:
-            raise ModelConfigError(f"{heads} attention heads are not a multiple of {kv_heads} KV heads")
-        rope = cfg.get("rope_parameters") or {}  # transformers >= 5 nests theta and scaling here
-        theta = float(cfg.get("rope_theta") or rope.get("rope_theta") or 10000.0)
-        scaling = cfg.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
-        return cls(
-            vocab_size=int(cfg["vocab_size"]),
-            hidden_size=int(cfg["hidden_size"]),
-            intermediate_size=int(cfg["intermediate_size"]),
-            num_layers=int(cfg["num_hidden_layers"]),
-            num_heads=heads,
-            num_kv_heads=kv_heads,
-            head_dim=int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads),
-            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-            rope_theta=theta,
-            rope_scaling=scaling,
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            attention_bias=bool(cfg.get("attention_bias", False)),
-            max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
-        )
-
-    def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
-        """K and V of every layer for one token."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype.itemsize
-
-    def flops_per_token(self) -> int:
-        """Matmul FLOPs of one token through the body (attention scores excluded, no logits)."""
-        q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        per_layer = self.hidden_size * (q + 2 * kv) + q * self.hidden_size + 3 * self.hidden_size * self.intermediate_size
-        return 2 * self.num_layers * per_layer
+from engine.worker.models.spec import ModelSpec
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, s: LlamaShape, dtype: torch.dtype) -> None:
+    def __init__(self, s: ModelSpec, index: int, dtype: torch.dtype) -> None:
         super().__init__()
         self.input_norm = RMSNorm(s.hidden_size, s.rms_norm_eps, dtype)
-        self.attn = Attention(s.hidden_size, s.num_heads, s.num_kv_heads, s.head_dim, s.attention_bias, dtype)
-        self.post_attn_norm = RMSNorm(s.hidden_size, s.rms_norm_eps, dtype)
-        self.mlp = GatedMLP(s.hidden_size, s.intermediate_size, dtype)
+        self.attn = Attention(s, index, dtype)
+        self.pre_mlp_norm = RMSNorm(s.hidden_size, s.rms_norm_eps, dtype)
+        self.mlp: nn.Module = GatedMLP(s.hidden_size, s.intermediate_size, dtype, s.activation)
+        # sandwich_norms (Gemma 2/3): each block's output normed again before its residual add
+        self.attn_out_norm = RMSNorm(s.hidden_size, s.rms_norm_eps, dtype) if s.sandwich_norms else None
+        self.mlp_out_norm = RMSNorm(s.hidden_size, s.rms_norm_eps, dtype) if s.sandwich_norms else None
+        self.residual_scale = s.residual_scale  # Granite's residual_multiplier; 1.0 elsewhere
 
     def forward(self, h, residual, cos, sin_signed, kv_cache, meta, paged_attention):  # type: ignore[no-untyped-def]
         """(h, residual) -> (h, residual), each (T, H), residual float32; None in the first layer (h is then x)."""
@@ -118,21 +58,33 @@ class DecoderLayer(nn.Module):
         else:
             h, residual = self.input_norm.add_norm(h, residual)
         h = self.attn.forward(h, cos, sin_signed, kv_cache, meta, paged_attention)
-        h, residual = self.post_attn_norm.add_norm(h, residual)
-        return self.mlp.forward(h), residual
+        h, residual = self.pre_mlp_norm.add_norm(self._block_output(h, self.attn_out_norm), residual)
+        return self._block_output(self.mlp.forward(h), self.mlp_out_norm), residual
+
+    def _block_output(self, h: torch.Tensor, out_norm: RMSNorm | None) -> torch.Tensor:
+        """A block's output as it joins the residual stream: Gemma's extra norm, Granite's scale."""
+        if out_norm is not None:
+            h = out_norm.forward(h)
+        return h if self.residual_scale == 1.0 else h * self.residual_scale
 
 
-class LlamaModel(nn.Module):
-    def __init__(self, shape: LlamaShape, dtype: torch.dtype, max_position: int) -> None:
+class DecoderModel(nn.Module):
+    def __init__(self, shape: ModelSpec, dtype: torch.dtype, max_position: int) -> None:
         super().__init__()
         self.shape, self.dtype = shape, dtype
         self.embed = nn.Parameter(torch.empty(shape.vocab_size, shape.hidden_size, dtype=dtype), requires_grad=False)
-        self.layers = nn.ModuleList(DecoderLayer(shape, dtype) for _ in range(shape.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(shape, i, dtype) for i in range(shape.num_layers))
         self.norm = RMSNorm(shape.hidden_size, shape.rms_norm_eps, dtype)
         # Tied models share the embedding matrix (the loader points lm_head at it).
         self.lm_head = nn.Parameter(torch.empty(0, dtype=dtype), requires_grad=False)
         self.lm_head_packed: Packed | None = None
-        self.rotary = RotaryEmbedding(shape.head_dim, max_position, shape.rope_theta, shape.rope_scaling)
+        rotary_dim = shape.rotary_dim or shape.head_dim
+        self.rotary = RotaryEmbedding(rotary_dim, max_position, shape.rope_theta, shape.rope_scaling)
+        local = shape.local_rope  # Gemma 3's sliding layers turn by their own base
+        self.local_rotary = None if local is None else RotaryEmbedding(rotary_dim, max_position, local.theta,
+                                                                       local.scaling)
+        self.rotary_of_layer = [self.local_rotary is not None and shape.window(i) > 0 for i in range(shape.num_layers)]
+        """Per layer: True where it takes local_rotary's angles, False where rotary's."""
 
     def forward(
         self,
@@ -143,8 +95,13 @@ class LlamaModel(nn.Module):
         paged_attention: PagedAttentionOp,
     ) -> torch.Tensor:  # (T, H) float32, before the final norm
         h, residual = self.embed_tokens(input_ids), None  # (T, H)
-        cos, sin_signed = self.rotary.lookup(positions)  # (T, 1, hd) each, shared by every layer
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+        if self.shape.embed_scale != 1.0:  # Gemma's sqrt(H), rounded to the model dtype as transformers does
+            h = h * torch.tensor(self.shape.embed_scale, dtype=h.dtype)
+        angles = [self.rotary.lookup(positions)]  # (T, 1, rotary dim) cos and sin, shared by every layer
+        if self.local_rotary is not None:
+            angles.append(self.local_rotary.lookup(positions))
+        for layer, kv_cache, local in zip(self.layers, kv_caches, self.rotary_of_layer, strict=True):
+            cos, sin_signed = angles[local]
             h, residual = layer.forward(h, residual, cos, sin_signed, kv_cache, meta, paged_attention)
         return h.float() if residual is None else residual + h
 
@@ -166,4 +123,9 @@ class LlamaModel(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # (N, H) float32 sampled rows -> (N, V) float32
         normed = self.norm(hidden)
         logits = linear(normed, self.lm_head, self.lm_head_packed)
-        return exact_near_max(logits, normed, self.lm_head)  # a tie of the rounded product broken exactly
+        logits = exact_near_max(logits, normed, self.lm_head)  # a tie of the rounded product broken exactly
+        if self.shape.logits_divisor != 1.0:  # Granite's logits_scaling
+            logits = logits / self.shape.logits_divisor
+        if self.shape.final_softcap:  # Gemma 2's final_logit_softcapping
+            logits = torch.tanh(logits / self.shape.final_softcap) * self.shape.final_softcap
+        return logits

@@ -1,0 +1,171 @@
+"""The one record of a model's architecture: its numbers and every option the decoder varies by.
+
+    config.json ─ architectures/<family>.py (a config reader and a weight-name map) ─> ModelSpec
+                                                                                   └> WeightNames
+    ModelSpec ─> decoder.py (each option acts at one line, named after it), the KV cache's size,
+                 tensor parallelism's split, the C++ layer loop's "is this a plain Llama" test
+
+Every option has the value that makes it a no-op for a plain Llama, so a Llama config reads
+into the defaults. Options are facts of the checkpoint, never of the host or the request.
+This module imports torch only for dtype sizes; it knows nothing about weights or devices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+
+
+class ModelConfigError(ValueError):
+    """config.json describes a model this implementation cannot run (the message names the key)."""
+
+
+@dataclass(frozen=True)
+class RopeSpec:
+    """One rotary table: base, scaling (None or a dict with `rope_type` default/linear/llama3/longrope)
+    and how many of head_dim's channels rotate (Phi-3's partial rotary; the rest pass through)."""
+
+    theta: float = 10000.0
+    scaling: dict[str, Any] | None = None
+    rotary_dim: int = 0
+    """0: all of head_dim."""
+
+
+@dataclass(frozen=True)
+class MoeSpec:
+    """A sparse mixture-of-experts MLP (engine/worker/layers/moe.py)."""
+
+    num_experts: int
+    top_k: int
+    norm_topk_prob: bool
+    expert_intermediate_size: int
+    shared_expert_intermediate_size: int | None = None
+    """Qwen2-MoE's gated shared expert; None where there is none."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The architecture numbers of one decoder-only model (from its config.json) and its options."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict[str, Any] | None
+    tie_word_embeddings: bool
+    attention_bias: bool
+    """Biases on the q, k and v projections (Qwen2's, or Llama's attention_bias)."""
+    max_position_embeddings: int
+    architecture: str = "llama"
+    """config.json's model_type, for messages and logs."""
+    # -- attention --
+    o_bias: bool = False
+    """A bias on the output projection too (Llama's attention_bias sets both)."""
+    qk_norm: bool = False
+    """Per-head RMSNorm of q and k before rotary (Qwen3, Gemma 3)."""
+    attn_scale: float = 0.0
+    """Scores are q.k * attn_scale; 0: head_dim ** -0.5 (Gemma's query_pre_attn_scalar, Granite's
+    attention_multiplier set it)."""
+    attn_softcap: float = 0.0
+    """Scores become softcap * tanh(scores / softcap) (Gemma 2's attn_logit_softcapping); 0: none."""
+    layer_windows: tuple[int, ...] = ()
+    """Per layer, the sliding window in tokens (a query sees the last `window` positions, itself
+    included); 0 or an empty tuple: full causal attention."""
+    rotary_dim: int = 0
+    """Channels of each head that rotate (Phi-3's partial_rotary_factor); 0: all."""
+    local_rope: RopeSpec | None = None
+    """Gemma 3's sliding layers rotate by their own base (rope_local_base_freq) and no scaling."""
+    # -- norms and MLP --
+    norm_plus_one: bool = False
+    """Gemma's RMSNorm multiplies by (1 + weight): the loader stores 1 + weight, so one kernel serves."""
+    sandwich_norms: bool = False
+    """Gemma 2/3: the attention and MLP outputs are normed again before their residual adds."""
+    activation: Literal["silu", "gelu_tanh"] = "silu"
+    """The gated MLP's activation: SwiGLU, or Gemma's GELU (tanh approximation)."""
+    moe: MoeSpec | None = None
+    sparse_layers: tuple[bool, ...] = ()
+    """Per layer, whether its MLP is the mixture of experts (Qwen-MoE's mlp_only_layers and
+    decoder_sparse_step); empty: every layer when `moe` is set."""
+    # -- scales around the body --
+    embed_scale: float = 1.0
+    """Embeddings times this (Gemma: sqrt(hidden_size) rounded to the model dtype; Granite's
+    embedding_multiplier)."""
+    residual_scale: float = 1.0
+    """Each block's output times this before its residual add (Granite's residual_multiplier)."""
+    logits_divisor: float = 1.0
+    """Logits divided by this (Granite's logits_scaling)."""
+    final_softcap: float = 0.0
+    """Logits become cap * tanh(logits / cap) (Gemma 2's final_logit_softcapping); 0: none."""
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+    """Reader notes kept for logs (never read by the forward)."""
+
+    @property
+    def scale(self) -> float:
+        return self.attn_scale or self.head_dim**-0.5
+
+    @property
+    def rope(self) -> RopeSpec:
+        return RopeSpec(self.rope_theta, self.rope_scaling, self.rotary_dim)
+
+    def window(self, layer: int) -> int:
+        return self.layer_windows[layer] if self.layer_windows else 0
+
+    def is_sparse(self, layer: int) -> bool:
+        if self.moe is None:
+            return False
+        return self.sparse_layers[layer] if self.sparse_layers else True
+
+    @property
+    def is_plain_llama(self) -> bool:
+        """Every option at its Llama value: the C++ layer loop (engine/worker/native_layers.py) mirrors
+        exactly this model."""
+        plain = ModelSpec(**{f: getattr(self, f) for f in _NUMBERS})
+        return self == plain and not self.attention_bias
+
+    def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
+        """K and V of every layer for one token."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype.itemsize
+
+    def flops_per_token(self) -> int:
+        """Matmul FLOPs of one token through the body (attention scores excluded, no logits; for a
+        mixture of experts, the experts a token is routed to)."""
+        q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        attn = self.hidden_size * (q + 2 * kv) + q * self.hidden_size
+        total = 0
+        for layer in range(self.num_layers):
+            if self.is_sparse(layer):
+                assert self.moe is not None
+                m = self.moe
+                mlp = 3 * self.hidden_size * m.expert_intermediate_size * m.top_k + self.hidden_size * m.num_experts
+                mlp += 3 * self.hidden_size * (m.shared_expert_intermediate_size or 0)
+            else:
+                mlp = 3 * self.hidden_size * self.intermediate_size
+            total += attn + mlp
+        return 2 * total
+
+
+_NUMBERS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
+            "head_dim", "rms_norm_eps", "rope_theta", "rope_scaling", "tie_word_embeddings", "attention_bias",
+            "max_position_embeddings", "architecture", "extra")
+
+
+@dataclass(frozen=True)
+class WeightNames:
+    """Where each of our parameters lies in the checkpoint. Per layer, our parameter's path in
+    DecoderLayer -> the checkpoint names under `model.layers.N.`, concatenated along rows when
+    several (q, k, v into one fused projection; gate and up into one)."""
+
+    layer: dict[str, tuple[str, ...]]
+    embed: str = "model.embed_tokens.weight"
+    final_norm: str = "model.norm.weight"
+    lm_head: str = "lm_head.weight"
+    layers_prefix: str = "model.layers."
+    moe_style: str = ""
+    """The mixture of experts' checkpoint naming (engine/worker/models/moe_weights.py); '' for none."""
