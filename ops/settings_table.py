@@ -1,8 +1,8 @@
-"""`python -m ops.settings_table`: the README's tables of every engine and gateway setting.
+"""`python -m ops.settings_table`: docs/operations.md's tables of every engine and gateway setting.
 
 Generated from the commands' own parsers (flags, PAGESERVE_* twins, defaults,
-help), so the README cannot drift from `--help`: tests/ops/test_settings_table.py
-fails when the README's copy differs, and `--write` refreshes it.
+help), so the docs cannot drift from `--help`: tests/ops/test_settings_table.py
+fails when the copy in docs/operations.md differs, and `--write` refreshes it.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from pathlib import Path
 
 from shared.cli_env import settings_table
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+SETTINGS_DOC = Path(__file__).resolve().parents[1] / "docs" / "operations.md"
+"""The page holding the generated tables (the README held them until docs/ was organised by reader)."""
 
 
 def tables() -> dict[str, str]:
@@ -32,7 +33,7 @@ def readme_with_tables(text: str) -> str:
     for name, table in tables().items():
         pattern = re.compile(rf"<!-- settings:{name} .*?<!-- /settings:{name} -->", re.S)
         if not pattern.search(text):
-            raise SystemExit(f"README.md has no settings:{name} block")
+            raise SystemExit(f"{SETTINGS_DOC.name} has no settings:{name} block")
         replacement = block(name, table)
         text = pattern.sub(lambda _, r=replacement: r, text)
     return text
@@ -40,7 +41,7 @@ def readme_with_tables(text: str) -> str:
 
 def main(argv: list[str]) -> int:
     if "--write" in argv:
-        README.write_text(readme_with_tables(README.read_text()))
+        SETTINGS_DOC.write_text(readme_with_tables(SETTINGS_DOC.read_text()))
         return 0
     for name, table in tables().items():
         print(f"## {name}\n\n{table}\n")

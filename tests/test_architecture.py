@@ -1,4 +1,5 @@
-"""The folder listing is the architecture: these tests keep its rules true (README, "Architecture").
+"""The folder listing is the architecture: these tests keep its rules true
+(docs/architecture.md, "The folder map").
 
     shared/                imports neither torch nor engine/, gateway/, ops/
     pageserve_kernels/     imports neither engine/, gateway/ nor ops/

@@ -1,4 +1,4 @@
-"""One table of settings: README == the parsers' own flags; every flag has a working env twin;
+"""One table of settings: docs/operations.md == the parsers' own flags; every flag has a working env twin;
 a bad value stops start-up naming the setting."""
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ import pytest
 
 from gateway.config import ConfigError, GatewayConfig
 from gateway.server import build_parser, main, parse_args
-from ops.settings_table import README, readme_with_tables
+from ops.settings_table import SETTINGS_DOC, readme_with_tables
 
 
-def test_readme_tables_are_the_generated_ones() -> None:
-    text = README.read_text()
-    assert readme_with_tables(text) == text, "README settings drifted: run python -m ops.settings_table --write"
+def test_the_docs_settings_tables_are_the_generated_ones() -> None:
+    text = SETTINGS_DOC.read_text()
+    assert readme_with_tables(text) == text, "docs/operations.md settings drifted: run python -m ops.settings_table --write"
 
 
 def test_every_gateway_config_field_is_reachable_from_the_environment() -> None:
