@@ -58,3 +58,5 @@ class UpProcess:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
         self._reader.join(5)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
