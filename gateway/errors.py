@@ -103,6 +103,14 @@ class EngineUnavailable(ServiceUnavailable):
     """503: the engine is dead, shutting down or unreachable; every request is told."""
 
     error_type = "engine_unavailable"
+    retry_after_s = 2
+    """Sent as Retry-After: a restarted engine (systemd, `pageserve up`) is first started again after 2 s,
+    and clients that honour the header (the OpenAI SDKs do) come back then instead of at once."""
+
+    def response(self) -> JSONResponse:
+        response = super().response()
+        response.headers["Retry-After"] = str(self.retry_after_s)
+        return response
 
 
 async def api_error_handler(request: Request, exc: Exception) -> Response:

@@ -2,6 +2,9 @@
 
     cli.py          `pageserve <subcommand>`: dispatches to the modules below (and to engine/gateway servers)
     launcher.py     `pageserve up`: a private redis-server, the engine and the gateway, a first key
+    children.py     the processes `up` starts: each in its own session, stopped in order with a grace
+    engine_group.py `up`'s engine replicas: logs, restarts after a death, the crash-loop stop
+    supervisor.py   the restart policy (pure): the systemd units' back-off, the crash-loop rule
     admin.py        `pageserve admin`: tenants, keys, quotas, usage, audit (through gateway.tenancy)
     generate.py     `pageserve generate "prompt"`: offline generation through engine.LLM
     kernels_aot.py  compiles every Triton kernel for sm_90 without a GPU (python -m ops.kernels_aot)

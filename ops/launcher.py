@@ -3,18 +3,25 @@
     pageserve up [--model smollm2] [--port 8000] [--redis-url URL] [--engine-port N] [--tenant demo]
                  [--engines N]                # N engine replicas behind the gateway (ports from --engine-port)
                  [--engine tcp://HOST:PORT]   # use an engine that is already running instead
+                 [--crash-loop-count 5] [--crash-loop-window 60] [--log-dir DIR]
 
 Starts a private redis-server on a free port unless `--redis-url` is given,
-then the engine and the gateway as child processes (`pageserve engine`,
+then the engine(s) and the gateway as child processes (`pageserve engine`,
 `pageserve gateway`), waits until `GET /health` answers 200, creates the demo
 tenant (or reuses it) and a fresh API key through the tenancy store, and prints
-the key and a working `curl` line. Ctrl-C or SIGTERM stops the gateway, then the
-engine, then redis, each with a grace period; if any child dies on its own the
-others are stopped too and the exit status is 1.
+the key and a working `curl` line. Each engine writes to its own log file.
 
-Children run in their own sessions, so a terminal's Ctrl-C reaches only this
-process and the shutdown order stays ours. This module owns process supervision
-only: no HTTP handling, no model code.
+It supervises as the systemd units do: an engine that dies is started again on
+its address with the units' back-off (ops/supervisor.py) and the gateway
+rejoins it, routing to the live replicas meanwhile (one engine: 503 with
+Retry-After). An engine that dies within --crash-loop-window seconds of its
+start --crash-loop-count times in a row stops everything (exit status 1, its
+log named). The gateway or the private redis-server dying stops everything too
+(exit status 1). Ctrl-C or SIGTERM stops the gateway, then the engines, then
+redis, each with a grace period (exit status 0).
+
+This module owns the command and its start-up; ops/children.py the processes,
+ops/engine_group.py the engines' restarts. No HTTP handling, no model code.
 """
 
 from __future__ import annotations
@@ -28,7 +35,6 @@ import shlex
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,13 +42,16 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import FrameType
 
+from ops.children import Child, spawn, stop_all  # Child, stop_all: benchmarks import them from here
+from ops.engine_group import EngineGroup, EngineReplica
+from ops.supervisor import RestartPolicy, RestartTracker
 from shared.model_store import DEFAULT_MODEL
 
 HEALTH_TIMEOUT_S = 600.0
 """First start converts the GGUF (tens of seconds on 2 cores) before the engine loads it."""
-STOP_GRACE_S = 15.0
 
 
 @dataclass(frozen=True)
@@ -65,27 +74,16 @@ class LaunchConfig:
     """Passed to each engine as --tensor-parallel-size (1: the flag is left out)."""
     tenant: str = "demo"
     redis_prefix: str = "ps"
-
-
-@dataclass
-class Child:
-    name: str
-    proc: subprocess.Popen[bytes]
-    cleanup: list[str] = field(default_factory=list)
-    """Temporary folders to delete once the process is gone."""
+    restart: RestartPolicy = field(default_factory=RestartPolicy)
+    """When a dead engine is started again, and when a crash loop stops `up`."""
+    log_dir: str | None = None
+    """Where each engine's log goes (NAME.log); None: a fresh temporary folder, kept after exit."""
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def _spawn(name: str, argv: list[str], quiet: bool = False, env: dict[str, str] | None = None) -> Child:
-    # start_new_session: the terminal's Ctrl-C reaches only the launcher, which stops children in order.
-    out = subprocess.DEVNULL if quiet else None
-    full_env = None if env is None else {**os.environ, **env}
-    return Child(name, subprocess.Popen(argv, start_new_session=True, stdout=out, stderr=out, env=full_env))
 
 
 def gateway_command(cli: list[str], config: LaunchConfig, engine_address: str,
@@ -104,7 +102,7 @@ def start_redis() -> tuple[Child, str]:
                          "or pass --redis-url")
     port = free_port()
     workdir = tempfile.mkdtemp(prefix="pageserve-redis-")
-    child = _spawn("redis", [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+    child = spawn("redis", [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
                              "--appendonly", "no", "--dir", workdir], quiet=True)  # failures show as no port
     child.cleanup.append(workdir)
     _wait_for_port(child, port, timeout_s=10.0)
@@ -123,10 +121,12 @@ def _wait_for_port(child: Child, port: int, timeout_s: float) -> None:
             time.sleep(0.05)
 
 
-def wait_healthy(url: str, children: list[Child], timeout_s: float) -> None:
-    """Poll GET /health until 200; fail early when a child exits."""
+def wait_healthy(url: str, children: list[Child], timeout_s: float, tick: Callable[[], None] | None = None) -> None:
+    """Poll GET /health until 200; fail early when a child exits (or when `tick`, called every poll, raises)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
+        if tick is not None:
+            tick()
         for c in children:
             if c.proc.poll() is not None:
                 raise RuntimeError(f"{c.name} exited with status {c.proc.returncode} during start-up")
@@ -153,21 +153,6 @@ async def create_demo_key(redis_url: str, prefix: str, tenant: str) -> str:
         return key
     finally:
         await redis.aclose()
-
-
-def stop_all(children: list[Child]) -> None:
-    """Stop in reverse start order: gateway, engine, redis. SIGTERM, then SIGKILL after the grace."""
-    for c in reversed(children):
-        if c.proc.poll() is None:
-            c.proc.send_signal(signal.SIGTERM)
-            try:
-                c.proc.wait(timeout=STOP_GRACE_S)
-            except subprocess.TimeoutExpired:
-                print(f"pageserve up: {c.name} did not stop in {STOP_GRACE_S:g} s; killing it", file=sys.stderr)
-                c.proc.kill()
-                c.proc.wait()
-        for path in c.cleanup:
-            shutil.rmtree(path, ignore_errors=True)
 
 
 def engine_addresses(config: LaunchConfig) -> list[str]:
@@ -200,17 +185,53 @@ def parse_args(argv: list[str]) -> LaunchConfig:
     p.add_argument("--tenant", default="demo", help="the demo tenant that gets a fresh key")
     p.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
                    help="each engine runs as N processes sharing every layer (pageserve engine's flag)")
+    default = RestartPolicy()
+    p.add_argument("--crash-loop-count", type=int, default=default.crash_loop_count, metavar="N",
+                   help="a dead engine is started again after the systemd units' back-off (2 s, doubling to 120 s); "
+                        f"one that dies within --crash-loop-window of its start N times in a row stops `up` with "
+                        f"exit status 1 instead (default {default.crash_loop_count})")
+    p.add_argument("--crash-loop-window", type=float, default=default.crash_loop_window_s, metavar="SECONDS",
+                   help="an engine that dies within this many seconds of its start counts towards "
+                        f"--crash-loop-count (default {default.crash_loop_window_s:g})")
+    p.add_argument("--log-dir", default=None, help="where each engine's log goes, NAME.log (default: a new "
+                   "temporary folder, printed at start and kept)")
     a = p.parse_args(argv)
     if a.engines < 1:
         p.error("--engines must be at least 1")
-    return LaunchConfig(model=a.model, host=a.host, port=a.port, redis_url=a.redis_url,
-                        engine_port=a.engine_port, engines=a.engines, engine_address=a.engine, engine_args=tuple(shlex.split(a.engine_args)),
-                        tenant=a.tenant, tensor_parallel_size=a.tensor_parallel_size)
+    try:
+        restart = RestartPolicy(crash_loop_count=a.crash_loop_count, crash_loop_window_s=a.crash_loop_window)
+    except ValueError as e:
+        p.error(str(e).replace("crash_loop_count", "--crash-loop-count").replace("crash_loop_window_s",
+                                                                                  "--crash-loop-window"))
+    return LaunchConfig(model=a.model, host=a.host, port=a.port, redis_url=a.redis_url, engine_port=a.engine_port,
+                        engines=a.engines, engine_address=a.engine, engine_args=tuple(shlex.split(a.engine_args)),
+                        tenant=a.tenant, tensor_parallel_size=a.tensor_parallel_size, restart=restart,
+                        log_dir=a.log_dir)
 
 
 def engine_command(cli: list[str], config: LaunchConfig, address: str) -> list[str]:
     tp = ["--tensor-parallel-size", str(config.tensor_parallel_size)] if config.tensor_parallel_size != 1 else []
     return [*cli, "engine", "--model", config.model, "--listen", address, *tp, *config.engine_args]
+
+
+@dataclass
+class Running:
+    """What `up` started, in start order (stopped in reverse: gateway, engines, redis)."""
+
+    redis: list[Child] = field(default_factory=list)
+    engines: EngineGroup | None = None
+    gateway: list[Child] = field(default_factory=list)
+
+    def children(self) -> list[Child]:
+        return [*self.redis, *(self.engines.children() if self.engines else []), *self.gateway]
+
+    def check(self) -> None:
+        """Raise when the gateway or the private redis-server died (that ends `up`); restart dead engines."""
+        for c in (*self.redis, *self.gateway):
+            if c.proc.poll() is not None:
+                raise RuntimeError(f"{c.name} exited with status {c.proc.returncode}; stopping the others")
+        if self.engines is not None:
+            self.engines.tick()
 
 
 def main(argv: list[str]) -> int:
@@ -223,42 +244,52 @@ def main(argv: list[str]) -> int:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-    children: list[Child] = []
+    running = Running()
     try:
-        return _run(config, children, lambda: stop_requested)
-    except RuntimeError as e:
-        print(f"pageserve up: {e}", file=sys.stderr)
+        return _run(config, running, lambda: stop_requested)
+    except RuntimeError as e:  # CrashLoop too
+        print(f"pageserve up: {e}", file=sys.stderr, flush=True)
         return 1
     finally:
-        stop_all(children)
+        stop_all(running.children())
 
 
-def _run(config: LaunchConfig, children: list[Child], stopping: Callable[[], bool]) -> int:
+def start_engines(config: LaunchConfig, cli: list[str]) -> EngineGroup:
+    """Each replica on its address, logging to its own file; printed so a user can find both."""
+    log_dir = Path(config.log_dir or tempfile.mkdtemp(prefix="pageserve-up-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    addresses = engine_addresses(config)
+    names = ["engine"] if len(addresses) == 1 else [f"engine-{i}" for i in range(len(addresses))]
+    group = EngineGroup([EngineReplica(name, address, engine_command(cli, config, address), log_dir / f"{name}.log",
+                                       RestartTracker(config.restart)) for name, address in zip(names, addresses, strict=True)])
+    group.start()
+    for r in group.replicas:
+        assert r.child is not None
+        print(f"{r.name}: {r.address}  pid {r.child.proc.pid}  log {r.log}", flush=True)
+    return group
+
+
+def _run(config: LaunchConfig, running: Running, stopping: Callable[[], bool]) -> int:
     from gateway.tenancy.redis_conn import redact_url  # redis' client loads only when serving
 
     cli = [sys.executable, "-m", "ops.cli"]
     redis_url = config.redis_url
     if redis_url is None:
         redis, redis_url = start_redis()
-        children.append(redis)
+        running.redis.append(redis)
     engine_address = config.engine_address
     if engine_address is None:
-        addresses = engine_addresses(config)
-        for i, address in enumerate(addresses):
-            name = "engine" if len(addresses) == 1 else f"engine-{i}"
-            children.append(_spawn(name, engine_command(cli, config, address)))
-        engine_address = ",".join(addresses)
+        running.engines = start_engines(config, cli)
+        engine_address = ",".join(r.address for r in running.engines.replicas)
     gateway_argv, gateway_env = gateway_command(cli, config, engine_address, redis_url)
-    children.append(_spawn("gateway", gateway_argv, env=gateway_env))
-    wait_healthy(f"http://{config.host}:{config.port}/health", children, HEALTH_TIMEOUT_S)
+    running.gateway.append(spawn("gateway", gateway_argv, env=gateway_env))
+    wait_healthy(f"http://{config.host}:{config.port}/health", [], HEALTH_TIMEOUT_S, tick=running.check)
     key = asyncio.run(create_demo_key(redis_url, config.redis_prefix, config.tenant))
     print(f"\npageserve is up: http://{config.host}:{config.port}  (model {config.model}, redis {redact_url(redis_url)})")
     print(f"API key for tenant {config.tenant!r} (shown once):\n  {key}\n")
     print(curl_line(config.host, config.port, key, config.model))
-    print("\nCtrl-C stops redis, the engine(s) and the gateway.", flush=True)
+    print("\nA dead engine is started again; Ctrl-C stops redis, the engine(s) and the gateway.", flush=True)
     while not stopping():
-        for c in children:
-            if c.proc.poll() is not None:
-                raise RuntimeError(f"{c.name} exited with status {c.proc.returncode}; stopping the others")
+        running.check()
         time.sleep(0.2)
     return 0

@@ -32,6 +32,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from ops.supervisor import UNIT_BACKOFF
+
 UNIT_DIR = "etc/systemd/system"
 ENV_DIR = "etc/pageserve"
 CACHE_DIR = "/var/cache/pageserve"
@@ -67,9 +69,10 @@ def _hardening(o: UnitOptions) -> str:
 
 
 def _restart(o: UnitOptions) -> str:
-    lines = ["Restart=on-failure", "RestartSec=2"]
+    b = UNIT_BACKOFF  # the same delays `pageserve up` uses for its engines (ops/supervisor.py)
+    lines = ["Restart=on-failure", f"RestartSec={b.first_s:g}"]
     if o.systemd_version >= 254:
-        lines += ["RestartSteps=6", "RestartMaxDelaySec=120"]  # 2 s doubling up to 2 min
+        lines += [f"RestartSteps={b.steps}", f"RestartMaxDelaySec={b.max_s:g}"]  # 2 s doubling up to 2 min
     return "\n".join(lines)
 
 

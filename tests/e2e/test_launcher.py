@@ -1,4 +1,5 @@
-"""`pageserve up` as a user runs it: prints a key and a curl line that works; Ctrl-C stops everything.
+"""`pageserve up` as a user runs it: prints a key and a curl line that works; Ctrl-C stops everything; an engine
+that cannot start ends it with its log named.
 
 The engine here is the real `EngineServer` loop around the protocol tests' fake
 core (`--engine ADDRESS` makes `up` use a running engine), so this costs no
@@ -16,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -23,6 +25,7 @@ from engine.serving.server import EngineServer, ServerConfig
 from shared.model_info import ModelInfo
 from tests.engine.serving.fake_core import FakeCore
 from tests.support.redis_server import free_port
+from tests.support.up_process import UpProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -67,3 +70,25 @@ def test_up_prints_a_working_curl_line_and_ctrl_c_stops_all() -> None:
             up.wait()
         engine.request_stop()
         thread.join(5)
+
+
+def test_an_engine_that_cannot_start_ends_up_with_status_1_and_its_log_named(tmp_path: Path) -> None:
+    """A bad flag through --engine-args: the engine dies at once, is started again once after the units' first
+    back-off, dies again, and `up` gives up (--crash-loop-count 2): exit status 1, the log named, all stopped."""
+    port = free_port()
+    up = UpProcess(["--port", str(port), "--engine-args=--no-such-flag", "--crash-loop-count", "2",
+                    "--crash-loop-window", "30", "--log-dir", str(tmp_path)])
+    try:
+        assert up.proc.wait(timeout=90) == 1
+        up.stop()  # the reader has every line
+        out = up.output
+        log = tmp_path / "engine.log"
+        assert re.search(r"engine \(tcp://127\.0\.0\.1:\d+\) exited with status 2 after [\d.]+ s; starting it again "
+                         r"in 2\.0 s \(restart 1\)", out), out
+        assert re.search(r"engine \(tcp://127\.0\.0\.1:\d+\) died 2 times in a row within 30 s of its start "
+                         rf"\(last: status 2\); not starting it again\. Its log: {re.escape(str(log))}", out), out
+        assert "restart 2" not in out and "unrecognized arguments: --no-such-flag" in out  # the tail says why
+        assert log.read_text().count("unrecognized arguments: --no-such-flag") == 2  # both lives, one log
+        assert not port_open(port)
+    finally:
+        up.stop()

@@ -18,7 +18,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -32,12 +31,14 @@ import redis.asyncio as aioredis
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.engine_client import EngineClient
+from ops.supervisor import UNIT_BACKOFF
 from shared.model_store import resolve_model
 from shared.protocol import Stats
 from tests.e2e.conftest import _spawn, _stop, _wait_healthy
 from tests.support.redis_server import free_port
 from tests.support.tenant_keys import new_tenant_key
 from tests.support.tiny_model import tiny_llama_folder
+from tests.support.up_process import UpProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 PREFIX = "e2erep"
@@ -253,35 +254,82 @@ def engine_and_gateway_ports() -> tuple[int, int]:
             return engine_port, free_port()
 
 
-def test_up_with_two_engines_serves_through_both(tmp_path: Path) -> None:
-    """`pageserve up --engines 2`: two engine processes, each joined by the gateway."""
+@dataclass
+class Pid:
+    """An engine `up` started, as `_traffic` kills it."""
+
+    pid: int
+
+    def send_signal(self, sig: int) -> None:
+        os.kill(self.pid, sig)
+
+
+def _usage(redis_url: str, tenant: str) -> dict[str, str]:
+    async def read() -> dict[str, str]:
+        redis = aioredis.Redis.from_url(redis_url, decode_responses=True)
+        try:
+            day = dt.datetime.now(dt.UTC).strftime("%Y%m%d")
+            return await redis.hgetall(f"ps:usage:tenant:{tenant}:{day}")  # type: ignore[no-any-return,misc]
+        finally:
+            await redis.aclose()
+    return asyncio.run(read())
+
+
+def _joined(address: str, deadline: float) -> None:
+    """Each engine counts the gateway's connection and this probe's own: >= 2 means the gateway joined it."""
+    while True:
+        try:
+            if asyncio.run(_stats(address)).num_gateways >= 2:
+                return
+        except Exception:  # still loading: no answer yet
+            pass
+        assert time.monotonic() < deadline, f"the gateway never joined {address}"
+        time.sleep(0.5)
+
+
+def test_up_with_two_engines_survives_a_killed_engine(tmp_path: Path) -> None:
+    """`pageserve up --engines 2`: both serve; one SIGKILLed mid-stream is told, started again after the units'
+    first back-off delay and joined again by the same gateway, while the other serves everything; usage in
+    Redis equals what the clients received; Ctrl-C then stops all with status 0."""
     folder = tiny_model_with_tokenizer(tmp_path / "tiny")
     engine_port, port = engine_and_gateway_ports()
-    up = subprocess.Popen([sys.executable, "-m", "ops.cli", "up", "--engines", "2", "--model", str(folder),
-                           "--engine-port", str(engine_port), "--port", str(port),
-                           "--engine-args", "--threads 1 --kv-cache-memory 0.02"],
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    up = UpProcess(["--engines", "2", "--model", str(folder), "--engine-port", str(engine_port), "--port", str(port),
+                    "--engine-args", "--threads 1 --kv-cache-memory 0.02 --max-num-seqs 4", "--log-dir",
+                    str(tmp_path / "logs")])
     try:
-        assert up.stdout is not None
-        lines: list[str] = []
-        deadline = time.monotonic() + 300
-        while not lines or not lines[-1].startswith("curl "):
-            assert time.monotonic() < deadline and up.poll() is None, "".join(lines)
-            lines.append(up.stdout.readline())
-        key = next(x.strip() for x in lines if x.strip().startswith("ps-"))
+        pids = {m.group(1): int(m.group(2)) for m in (up.wait_for_re(rf"^(engine-{i}): tcp://\S+ +pid (\d+)", 60)
+                                                      for i in range(2))}
+        redis_url = up.wait_for_re(r"redis (redis://127\.0\.0\.1:\d+/0)", 300).group(1)
+        key = up.wait_for(lambda x: x.strip().startswith("ps-"), 10).strip()
         addresses = [f"tcp://127.0.0.1:{engine_port + i}" for i in range(2)]
-        # Each engine counts the gateway's connection (and this probe's own): the gateway joined both.
-        while not all(asyncio.run(_stats(a)).num_gateways >= 2 for a in addresses):
-            assert time.monotonic() < deadline
-            time.sleep(0.5)
-        r = Replicas(f"http://127.0.0.1:{port}", str(folder), {}, "", tmp_path)
-        for i in range(4):
-            assert completion(r, key, f"{i} different openings make {i} different prefixes", 3)["usage"][
-                "completion_tokens"] == 3
-        assert sum(asyncio.run(_stats(a)).num_finished for a in addresses) == 4
-        up.send_signal(signal.SIGINT)
-        assert up.wait(timeout=60) == 0
+        for a in addresses:
+            _joined(a, time.monotonic() + 120)
+        r = Replicas(f"http://127.0.0.1:{port}", str(folder), {addresses[1]: Pid(pids["engine-1"])}, redis_url, tmp_path)  # type: ignore[dict-item]
+        before = asyncio.run(_traffic(r, key, 6, 4, kill=None))  # concurrent: the router spreads them over both
+        assert all(asyncio.run(_stats(a)).num_finished >= 1 for a in addresses)
+
+        during = asyncio.run(asyncio.wait_for(_traffic(r, key, 12, 60, kill=addresses[1]), 120))  # none hangs
+        cut = [x for x in during if x["error"] is not None]
+        assert all(x["tokens"] > 0 and x["error"]["code"] == "engine_unavailable" for x in cut), cut
+        assert all(x["done"] and x["usage"]["completion_tokens"] == 60 for x in during if x["error"] is None)
+        after = asyncio.run(_traffic(r, key, 4, 4, kill=None))  # sent after the kill, before it is back
+        assert all(x["error"] is None and x["usage"]["completion_tokens"] == 4 for x in after), after
+
+        up.wait_for(lambda x: "engine-1 (" + addresses[1] + ") exited with signal SIGKILL" in x
+                    and "starting it again in 2.0 s (restart 1)" in x, 10)
+        back = float(up.wait_for_re(r"engine-1 is back on \S+ \(pid \d+\), ([\d.]+) s after it died", 120).group(1))
+        assert UNIT_BACKOFF.first_s <= back < UNIT_BACKOFF.first_s + 60  # the back-off, then a tiny model's load
+        _joined(addresses[1], time.monotonic() + 30)
+        again = asyncio.run(_traffic(r, key, 6, 4, kill=None))  # the restarted engine takes traffic again
+        assert asyncio.run(_stats(addresses[1])).num_finished >= 1
+        received = [x["tokens"] for x in before + during + after + again]
+        deadline = time.monotonic() + 15
+        while (usage := _usage(redis_url, "demo")).get("completion_tokens") != str(sum(received)):
+            assert time.monotonic() < deadline, (usage, sum(received), len(received))
+            time.sleep(0.3)
+        assert usage["requests"] == str(len(received))
+        print(f"engine-1 back {back:.1f} s after SIGKILL; {len(cut)} of 12 streams cut")
+        up.proc.send_signal(signal.SIGINT)
+        assert up.proc.wait(timeout=60) == 0
     finally:
-        if up.poll() is None:
-            os.killpg(up.pid, signal.SIGKILL)
-            up.wait()
+        up.stop()

@@ -251,6 +251,8 @@ def test_engine_dead_is_503(make_gateway: Any) -> None:
     gw.engine.dead = True
     r = gw.post("/v1/chat/completions", CHAT)
     assert r.status_code == 503 and r.json()["error"]["type"] == "engine_unavailable"
+    assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+    assert r.headers["retry-after"] == "2"  # an engine being restarted (pageserve up, systemd) is back in seconds
     assert gw.client.get("/health").status_code == 503
 
 
