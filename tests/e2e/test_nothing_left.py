@@ -48,6 +48,18 @@ def first_scrape(port: int, up: subprocess.Popen[str], timeout_s: float = 120) -
     return delay, {s.name for f in text_string_to_metric_families(text) for s in f.samples}
 
 
+def stop(up: subprocess.Popen[str]) -> None:
+    """After a failed check too: SIGTERM lets `up` stop its children (they run in their own sessions, so a
+    SIGKILL of `up` alone would leave the gateway and redis-server running)."""
+    if up.poll() is None:
+        up.send_signal(signal.SIGTERM)
+        try:
+            up.wait(60)
+        except subprocess.TimeoutExpired:
+            up.kill()
+            up.wait()
+
+
 def test_up_and_sigterm_leave_the_temp_directory_as_it_was(tmp_path: Path) -> None:
     private_tmp = tmp_path / "tmp"
     private_tmp.mkdir()
@@ -83,9 +95,7 @@ def test_up_and_sigterm_leave_the_temp_directory_as_it_was(tmp_path: Path) -> No
         up.send_signal(signal.SIGTERM)
         assert up.wait(timeout=60) == 0
     finally:
-        if up.poll() is None:
-            up.kill()
-            up.wait()
+        stop(up)
         engine.request_stop()
         thread.join(5)
     assert {p.name for p in private_tmp.iterdir()} == before
