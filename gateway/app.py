@@ -58,6 +58,8 @@ def create_app(config: GatewayConfig, services: ServicesFactory = open_services)
         async with services(config) as state:
             engine_holder.append(state)
             observe_routing(state.engine, metrics.routing)  # with replicas: their routing on /metrics
+            client = state.engine.client  # vLLM's series at 0 from the first scrape, under the served name
+            metrics.prime(client.model_info.model_name if client is not None else config.model)
             lifecycle.install()
             freeze_startup_objects()  # no full collection walks the tokenizer's or Starlette's objects
             yield {"gateway": state}

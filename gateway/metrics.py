@@ -11,6 +11,12 @@ Two sources, one scrape (`GET /metrics`, `render`):
   a collector at scrape time. Every worker sees the same engine, so whichever
   answers the scrape reports the engine's own totals, never a sum over workers.
 
+Every series under vLLM's names exists from the first scrape, as vLLM's do (a
+missing series reads "no data" on a dashboard, not 0): the request histograms
+and counters get their model's children when the app starts (`prime`), and
+until the engine's first Stats arrive its figures read 0 with
+`pageserve:engine_stats_reported` 0 (then 1, and the last known values stay).
+
 Names follow vLLM (vllm/v1/metrics/loggers.py) wherever vLLM has the figure, with
 its types and its labels `model_name` and `engine`, so vLLM dashboards work
 unchanged; our own figures are under `pageserve:` (the replica router's in
@@ -45,6 +51,8 @@ TPOT_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1
 LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
                    240.0, 480.0, 960.0, 1920.0, 7680.0]
 """The three bucket lists vLLM uses for the same histograms (LATENCY_BUCKETS for e2e and queue time)."""
+SUCCESS_REASONS = ("stop", "length")
+"""The finished_reason labels vllm:request_success counts (gateway/request_context.py keeps only these)."""
 TOKEN_BUCKETS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000]
 ADMISSION_BUCKETS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5]
 
@@ -141,6 +149,15 @@ class GatewayMetrics:
                 self.refusals, self.active_streams, self.admission_seconds, self.ttft, self.tpot, self.e2e,
                 self.prompt_hist, self.generation_hist, self.queue_time, self.success, *self.routing.collectors()]
 
+    def prime(self, model_name: str) -> None:
+        """Create the model's children of every vLLM-named request metric, so each exports 0 before the
+        first request (in multiprocess mode: written to this worker's files at once)."""
+        model = (model_name, ENGINE_INDEX)
+        for histogram in (self.ttft, self.tpot, self.e2e, self.prompt_hist, self.generation_hist, self.queue_time):
+            histogram.labels(*model)
+        for reason in SUCCESS_REASONS:
+            self.success.labels(*model, reason)
+
     def observe(self, o: RequestObservation) -> None:
         self.requests.labels(o.tenant, o.route, str(o.status)).inc()
         self.request_seconds.labels(o.route).observe(o.e2e_s)
@@ -180,47 +197,62 @@ class EngineCollector(Collector):
         up = GaugeMetricFamily("pageserve:engine_up", "1 while the engine is connected and making progress.")
         up.add_metric([], 1.0 if healthy else 0.0)
         yield up
-        if stats is None:
-            return
-        labels = [model, ENGINE_INDEX]
+        reported = GaugeMetricFamily("pageserve:engine_stats_reported", "1 once the engine's statistics arrived "
+                                     "(its series hold the last known values); 0 before: they read 0.")
+        reported.add_metric([], 0.0 if stats is None else 1.0)
+        yield reported
+        yield from _engine_series(stats or NO_STATS, [model, ENGINE_INDEX])
+        if stats is not None:  # a start time of 0 would read as an engine up since 1970
+            g = GaugeMetricFamily("pageserve:engine_start_time_seconds", "Unix time the engine process started.",
+                                  labels=MODEL_LABELS)
+            g.add_metric([model, ENGINE_INDEX], stats.started_at)
+            yield g
 
-        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
-            g = GaugeMetricFamily(name, doc, labels=MODEL_LABELS)
-            g.add_metric(labels, value)
-            return g
 
-        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
-            c = CounterMetricFamily(name, doc, labels=MODEL_LABELS)
-            c.add_metric(labels, value)
-            return c
+NO_STATS = Stats(num_running=0, num_waiting=0, num_swapped=0, num_free_blocks=0, num_total_blocks=0,
+                 num_preemptions=0, num_steps=0, num_finished=0, num_aborted=0, max_requests_per_step=0,
+                 mean_requests_per_step=0.0, num_gateways=0)
+"""What the engine series read before the engine's first Stats: every figure 0."""
 
-        s = stats
-        usage = 1.0 - s.num_free_blocks / s.num_total_blocks if s.num_total_blocks else 0.0
-        cpu = 1.0 - s.num_free_cpu_blocks / s.num_total_cpu_blocks if s.num_total_cpu_blocks else 0.0
-        yield gauge("vllm:num_requests_running", "Number of requests in model execution batches.", s.num_running)
-        yield gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", s.num_waiting)
-        yield gauge("vllm:num_requests_swapped", "Number of requests swapped to CPU.", s.num_swapped)
-        yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", usage)
-        yield gauge("vllm:cpu_cache_usage_perc", "CPU KV-cache (swap) usage. 1 means 100 percent usage.", cpu)
-        yield counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.", s.num_preemptions)
-        yield counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.",
-                      s.prefix_cache_queries)
-        yield counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
-                      s.prefix_cache_hits)
-        yield counter("vllm:prompt_tokens", "Number of prefill tokens processed.", s.num_prompt_tokens)
-        yield counter("vllm:generation_tokens", "Number of generation tokens processed.", s.num_generation_tokens)
-        yield counter("pageserve:engine_steps", "Engine steps since the engine started (its heartbeat).",
-                      s.num_steps)
-        yield counter("pageserve:preemption_swaps", "Preemptions whose KV went to the CPU swap pool.",
-                      s.num_swaps_out)
-        yield counter("pageserve:preemption_recomputes", "Preemptions whose KV was dropped and recomputed.",
-                      s.num_recomputes)
-        yield counter("pageserve:engine_aborted_requests", "Requests the engine aborted.", s.num_aborted)
-        yield counter("pageserve:engine_step_seconds", "Time inside engine steps (model + scheduler).",
-                      s.step_seconds)
-        yield gauge("pageserve:engine_gateways", "Gateway processes connected to the engine.", s.num_gateways)
-        yield gauge("pageserve:engine_start_time_seconds", "Unix time the engine process started.", s.started_at)
-        yield from _loads(s, labels)
+
+def _engine_series(s: Stats, labels: list[str]) -> Iterator[Metric]:
+    """The engine's figures under vLLM's names where vLLM has them, ours under pageserve:."""
+
+    def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+        g = GaugeMetricFamily(name, doc, labels=MODEL_LABELS)
+        g.add_metric(labels, value)
+        return g
+
+    def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+        c = CounterMetricFamily(name, doc, labels=MODEL_LABELS)
+        c.add_metric(labels, value)
+        return c
+
+    usage = 1.0 - s.num_free_blocks / s.num_total_blocks if s.num_total_blocks else 0.0
+    cpu = 1.0 - s.num_free_cpu_blocks / s.num_total_cpu_blocks if s.num_total_cpu_blocks else 0.0
+    yield gauge("vllm:num_requests_running", "Number of requests in model execution batches.", s.num_running)
+    yield gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", s.num_waiting)
+    yield gauge("vllm:num_requests_swapped", "Number of requests swapped to CPU.", s.num_swapped)
+    yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", usage)
+    yield gauge("vllm:cpu_cache_usage_perc", "CPU KV-cache (swap) usage. 1 means 100 percent usage.", cpu)
+    yield counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.", s.num_preemptions)
+    yield counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.",
+                  s.prefix_cache_queries)
+    yield counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
+                  s.prefix_cache_hits)
+    yield counter("vllm:prompt_tokens", "Number of prefill tokens processed.", s.num_prompt_tokens)
+    yield counter("vllm:generation_tokens", "Number of generation tokens processed.", s.num_generation_tokens)
+    yield counter("pageserve:engine_steps", "Engine steps since the engine started (its heartbeat).",
+                  s.num_steps)
+    yield counter("pageserve:preemption_swaps", "Preemptions whose KV went to the CPU swap pool.",
+                  s.num_swaps_out)
+    yield counter("pageserve:preemption_recomputes", "Preemptions whose KV was dropped and recomputed.",
+                  s.num_recomputes)
+    yield counter("pageserve:engine_aborted_requests", "Requests the engine aborted.", s.num_aborted)
+    yield counter("pageserve:engine_step_seconds", "Time inside engine steps (model + scheduler).",
+                  s.step_seconds)
+    yield gauge("pageserve:engine_gateways", "Gateway processes connected to the engine.", s.num_gateways)
+    yield from _loads(s, labels)
 
 
 def _loads(s: Stats, labels: list[str]) -> Iterator[Metric]:

@@ -8,8 +8,9 @@ list them, `shared/cli_env.py`), so systemd units can use an EnvironmentFile.
 Secrets come from the environment only (PAGESERVE_ADMIN_TOKEN), never a flag.
 This module also prepares the process: logging (text or JSON), the
 prometheus-client multiprocess folder (set before anything imports
-prometheus_client, emptied at start, removed at exit when it was our own), TLS
-and the worker count handed to uvicorn. Logic lives in the app.
+prometheus_client, emptied at start, removed at every exit we control when it
+was our own, and an earlier dead gateway's swept at start: shared/owned_dirs.py),
+TLS and the worker count handed to uvicorn. Logic lives in the app.
 """
 
 from __future__ import annotations
@@ -18,15 +19,15 @@ import argparse
 import dataclasses
 import json
 import os
-import shutil
+import signal
 import sys
-import tempfile
 from typing import Any
 
 from gateway.config import ConfigError, GatewayConfig
 from gateway.tenancy.admission import AdmissionConfig
 from gateway.tenancy.errors import InvalidArgument
 from shared.cli_env import add_env_twins
+from shared.owned_dirs import OwnedDir, sweep_stale
 
 DEFAULTS = GatewayConfig()
 ENV_NAMES = {
@@ -38,6 +39,7 @@ ENV_NAMES = {
 """Environment names kept from before (or standard); every other flag is PAGESERVE_<FLAG>."""
 UVICORN_GRACE_S = 5
 """uvicorn's own wait for connections after our drain (gateway/lifecycle.py) already ended them."""
+METRICS_DIR_PREFIX = "pageserve-metrics-"
 
 
 class _Addresses(argparse.Action):
@@ -160,9 +162,15 @@ def app_from_env() -> Any:
     return create_app(config)
 
 
-def _metrics_dir(config: GatewayConfig) -> tuple[str, bool]:
-    """The multiprocess folder, emptied, exported for the workers; (path, whether it is ours to remove)."""
-    path, ours = (config.metrics_dir, False) if config.metrics_dir else (tempfile.mkdtemp(prefix="pageserve-metrics-"), True)
+def _metrics_dir(config: GatewayConfig) -> OwnedDir | None:
+    """The multiprocess folder, emptied, exported for the workers; the OwnedDir when it is ours to remove."""
+    owned = None
+    if config.metrics_dir:
+        path = config.metrics_dir
+    else:
+        sweep_stale(METRICS_DIR_PREFIX)  # a killed gateway's folder: its owner is dead, nothing reads it
+        owned = OwnedDir.create(METRICS_DIR_PREFIX)
+        path = str(owned.path)
     # Set before gateway.metrics is imported: prometheus_client picks its value class (files shared by
     # workers, or process memory) when it is first imported; chosen wrongly, a one-worker gateway's
     # request metrics never reach /metrics, which reads the files.
@@ -170,7 +178,18 @@ def _metrics_dir(config: GatewayConfig) -> tuple[str, bool]:
     from gateway.metrics import clean_multiprocess_dir
 
     clean_multiprocess_dir(path)
-    return path, ours
+    return owned
+
+
+def _exit_cleanly_on_sigterm() -> None:
+    """After a graceful stop uvicorn restores the handler it found and raises the SIGTERM it caught
+    again; with the default handler that killed the process before `main`'s `finally` removed the
+    metrics folder. Found instead: this one, which exits 0 through that `finally` (as the engine
+    does after SIGTERM). A SIGTERM before uvicorn takes over (loading) exits the same way."""
+    def leave(signum: int, frame: object) -> None:
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, leave)
 
 
 def main(argv: list[str]) -> int:
@@ -182,25 +201,30 @@ def main(argv: list[str]) -> int:
     except ConfigError as e:
         print(f"pageserve gateway: {e}", file=sys.stderr)
         return 2
-    import uvicorn
-
     from gateway.logging_setup import configure_logging
 
     configure_logging(config.log_level, config.log_format)  # type: ignore[arg-type]
-    metrics_dir, ours = _metrics_dir(config)  # before gateway.app imports prometheus_client
+    _exit_cleanly_on_sigterm()
+    owned = _metrics_dir(config)  # before gateway.app imports prometheus_client
+    try:
+        _serve(config, argv)
+    finally:
+        if owned is not None:
+            owned.remove()
+    return 0
+
+
+def _serve(config: GatewayConfig, argv: list[str]) -> None:
+    import uvicorn
+
     from gateway.app import create_app
 
     common: dict[str, Any] = {"host": config.host, "port": config.port, "log_level": config.log_level,
                               "log_config": None, "access_log": False, "lifespan": "on",
                               "timeout_graceful_shutdown": UVICORN_GRACE_S,
                               "ssl_certfile": config.tls_certfile, "ssl_keyfile": config.tls_keyfile}
-    try:
-        if config.workers > 1:
-            os.environ[_ARGV_ENV] = json.dumps(argv)
-            uvicorn.run("gateway.server:app_from_env", factory=True, workers=config.workers, **common)
-        else:
-            uvicorn.run(create_app(config), **common)
-    finally:
-        if ours:
-            shutil.rmtree(metrics_dir, ignore_errors=True)
-    return 0
+    if config.workers > 1:
+        os.environ[_ARGV_ENV] = json.dumps(argv)
+        uvicorn.run("gateway.server:app_from_env", factory=True, workers=config.workers, **common)
+    else:
+        uvicorn.run(create_app(config), **common)

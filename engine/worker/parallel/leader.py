@@ -7,7 +7,9 @@
     .ready()                       after rank 0 loaded: wait until every rank has
     .send_step(SchedulerOutput)    the runner's before_step hook: the same pickled StepMessage to every
                                    worker's pipe, before rank 0's own forward
-    .close()                       tell the workers to stop, join them (terminate stragglers), leave the group
+    .close()                       tell the workers to stop, join them (terminate stragglers), leave the group,
+                                   remove the rendezvous folder (also at exit; a killed engine's is swept
+                                   by the next one: shared/owned_dirs.py)
 
 Steps travel over pipes, not a gloo broadcast: a worker waits for the next step as long as the
 engine idles (a collective would time out), and rank 0's death closes the pipes at once. The
@@ -21,12 +23,9 @@ import contextlib
 import logging
 import os
 import pickle
-import shutil
 import subprocess
 import sys
-import tempfile
 from multiprocessing.connection import Connection
-from pathlib import Path
 
 import torch
 
@@ -42,10 +41,12 @@ from engine.worker.parallel.sharding import shard_model
 from engine.worker.parallel.step_message import StepMessage
 from engine.worker.parallel.worker import WorkerSpec, local_layout
 from shared.model_store import resolve_model
+from shared.owned_dirs import OwnedDir, sweep_stale
 
 log = logging.getLogger("pageserve.engine")
 
 JOIN_TIMEOUT_S = 10.0
+RENDEZVOUS_PREFIX = "pageserve-tp-"
 
 
 def spawn_worker(spec: WorkerSpec) -> tuple[subprocess.Popen[bytes], Connection]:
@@ -72,8 +73,9 @@ class TensorParallelLeader:
         self.plan = plan_shards(shape, world, 0)
         threads = threads_per_rank(torch.get_num_threads(), world)
         torch.set_num_threads(threads)
-        self._dir = Path(tempfile.mkdtemp(prefix="pageserve-tp-"))
-        store_path = str(self._dir / "rendezvous")
+        sweep_stale(RENDEZVOUS_PREFIX)  # a killed engine's folder: its owner is dead, no rank reads it
+        self._dir = OwnedDir.create(RENDEZVOUS_PREFIX)
+        store_path = str(self._dir.path / "rendezvous")
         self.workers: list[subprocess.Popen[bytes]] = []
         self._pipes: list[Connection] = []
         for rank in range(1, world):
@@ -135,5 +137,5 @@ class TensorParallelLeader:
                 proc.wait(JOIN_TIMEOUT_S)
         if self.group is not None:
             self.group.close()
-        shutil.rmtree(self._dir, ignore_errors=True)
+        self._dir.remove()
         atexit.unregister(self.close)

@@ -1,5 +1,5 @@
 """`pageserve engine --tensor-parallel-size 2` as a real process: it serves concurrent requests, and
-SIGTERM stops rank 0 and its worker."""
+SIGTERM stops rank 0 and its worker and leaves its temp directory (a private TMPDIR) as it found it."""
 
 from __future__ import annotations
 
@@ -32,7 +32,10 @@ def _gone(pid: int) -> bool:
         return True
 
 
-def test_a_split_engine_serves_and_stops_with_its_worker(tmp_path: Path) -> None:
+def test_a_split_engine_serves_and_stops_with_its_worker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    private_tmp = tmp_path / "tmp"
+    private_tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(private_tmp))  # the engine's (and its worker's) temp directory
     engine = EngineProcess(f"tcp://127.0.0.1:{free_port()}", tmp_path / "engine.log", "--tensor-parallel-size", "2",
                            "--dtype", "float32")
     workers = _workers(engine.proc.pid)
@@ -51,6 +54,7 @@ def test_a_split_engine_serves_and_stops_with_its_worker(tmp_path: Path) -> None
 
     try:
         assert len(workers) == 1, engine.log()
+        assert [p.name.startswith("pageserve-tp-") for p in private_tmp.iterdir()] == [True]  # the rendezvous
         results = asyncio.run(main())
         assert all(isinstance(r[-1], Finished) and r[-1].usage.completion_tokens == 6 for r in results), results
     finally:
@@ -59,3 +63,4 @@ def test_a_split_engine_serves_and_stops_with_its_worker(tmp_path: Path) -> None
     while not all(_gone(p) for p in workers) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert all(_gone(p) for p in workers), engine.log()
+    assert list(private_tmp.iterdir()) == [], engine.log()
