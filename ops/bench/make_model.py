@@ -30,8 +30,10 @@ import argparse
 import copy
 import hashlib
 import json
+import os
 import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -43,6 +45,7 @@ import torch
 from safetensors.torch import save_file
 
 from ops.bench.model_shapes import SHAPES
+from shared.model_store import resolve_model
 
 SHARD_BYTES = 2 * 10**9
 """A shard's size before the next one starts (save_pretrained's default is 5 GB; vLLM reads either)."""
@@ -149,31 +152,26 @@ def random_tensor(spec: TensorSpec, seed: int) -> torch.Tensor:
 
 
 def shaped_config(shape: str, layers: int | None = None, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The shape's config.json with the tokenizer's bos/eos and any test overrides."""
+    """The shape's config.json with any test overrides (the bos/eos ids are set when it is written)."""
     if shape not in SHAPES:
         raise ValueError(f"unknown shape {shape!r}: give one of {', '.join(SHAPES)}")
     config: dict[str, Any] = copy.deepcopy(dict(SHAPES[shape]["config"]))
     config.update(overrides or {})
     if layers is not None:
+        if layers < 1:
+            raise ValueError(f"--layers {layers}: give 1 or more")
         config["num_hidden_layers"] = layers
     return config
 
 
-def _tokenizer_folder() -> tuple[Path, dict[str, Any]]:
-    from shared.model_store import resolve_model
-
-    files = resolve_model(TOKENIZER_MODEL)
-    return files.path, files.config
-
-
 def _write_metadata(config: dict[str, Any], out: Path) -> None:
-    tok_dir, tok_config = _tokenizer_folder()
+    tokenizer = resolve_model(TOKENIZER_MODEL)  # converted once from the packaged GGUF, then cached
+    tok_dir, tok_config = tokenizer.path, tokenizer.config
     if config["vocab_size"] < tok_config["vocab_size"]:
         raise ValueError(f"vocab_size {config['vocab_size']} is below the tokenizer's {tok_config['vocab_size']}: "
                          "its ids would index past the embedding")
     ids = {k: tok_config[k] for k in ("bos_token_id", "eos_token_id")}  # EOS handling follows the tokenizer
-    config.update(ids)
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (out / "config.json").write_text(json.dumps({**config, **ids}, indent=2) + "\n")
     (out / "generation_config.json").write_text(json.dumps({**ids, "pad_token_id": ids["eos_token_id"]}, indent=2)
                                                 + "\n")
     for name in TOKENIZER_FILES:
@@ -181,7 +179,7 @@ def _write_metadata(config: dict[str, Any], out: Path) -> None:
             shutil.copyfile(tok_dir / name, out / name)
 
 
-def _write_weights(specs: list[TensorSpec], out: Path, seed: int, max_shard_bytes: int) -> list[str]:
+def _write_weights(specs: list[TensorSpec], out: Path, seed: int, max_shard_bytes: int) -> None:
     shards = plan_shards(specs, max_shard_bytes)
     names = (["model.safetensors"] if len(shards) == 1
              else [f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors" for k in range(len(shards))])
@@ -195,22 +193,27 @@ def _write_weights(specs: list[TensorSpec], out: Path, seed: int, max_shard_byte
     if len(shards) > 1:
         index = {"metadata": {"total_size": sum(s.nbytes for s in specs)}, "weight_map": weight_map}
         (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
-        names.append("model.safetensors.index.json")
-    return names
 
 
 def write_model(shape: str, out: str | Path, *, seed: int = 0, layers: int | None = None,
                 overrides: dict[str, Any] | None = None, max_shard_bytes: int = SHARD_BYTES) -> MadeModel:
-    """Write OUT (created; must be absent or empty) and say what it holds."""
+    """Write OUT (absent or empty) and say what it holds. The folder appears whole or not at all: it is
+    written beside OUT and renamed, so an interrupted run leaves no half model for a benchmark to load."""
     t0 = time.perf_counter()
     config = shaped_config(shape, layers, overrides)
     specs = tensor_specs(config)
     out = Path(out)
-    if out.exists() and any(out.iterdir()):
-        raise ValueError(f"{out} exists and is not empty")
-    out.mkdir(parents=True, exist_ok=True)
-    _write_metadata(config, out)
-    _write_weights(specs, out, seed, max_shard_bytes)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ValueError(f"{out} exists and is not an empty folder")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    try:
+        _write_metadata(config, staging)
+        _write_weights(specs, staging, seed, max_shard_bytes)
+        os.replace(staging, out)  # over an empty folder too (POSIX rename)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     nbytes = sum(s.nbytes for s in specs)
     return MadeModel(out, sorted(p.name for p in out.iterdir()), nbytes // 2, nbytes, time.perf_counter() - t0)
 

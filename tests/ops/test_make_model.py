@@ -137,7 +137,11 @@ def test_shards_and_index(tmp_path: Path) -> None:
 def test_refuses_a_vocabulary_below_the_tokenizers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert make_model.main(["qwen3-0.6b", str(tmp_path / "m"), "--layers", "1", "--set", "vocab_size=1000"]) == 2
     assert "below the tokenizer's 49152" in capsys.readouterr().err
-    assert make_model.main(_small_args("qwen3-0.6b", tmp_path)) == 2  # tmp_path now holds m/: not empty
+    assert not (tmp_path / "m").exists()
+    (tmp_path / "notes.txt").write_text("someone's")
+    assert make_model.main(_small_args("qwen3-0.6b", tmp_path)) == 2  # not an empty folder
+    assert "not an empty folder" in capsys.readouterr().err
+    assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
 
 
 def test_llama_folder_generates_through_our_engine(tmp_path: Path) -> None:
@@ -154,3 +158,13 @@ def test_llama_folder_generates_through_our_engine(tmp_path: Path) -> None:
         assert len(out[0].outputs[0].token_ids) == 5
     finally:
         llm.close()
+
+
+def test_an_interrupted_write_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def disk_full(*args: Any, **kwargs: Any) -> None:
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(make_model, "save_file", disk_full)
+    with pytest.raises(OSError, match="No space"):
+        make_model.write_model("qwen3-0.6b", tmp_path / "m", layers=1, overrides=SMALL)
+    assert list(tmp_path.iterdir()) == []  # neither OUT nor its staging folder
