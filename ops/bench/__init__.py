@@ -9,6 +9,8 @@
     memory.py         KV waste and requests that fit in a budget: paged vs contiguous
     priority.py, admission.py, streaming.py, step_profile.py   scheduling, quota, SSE and step-time benchmarks
     step_overhead.py  a decode step's Python and torch glue, kernels excluded (issue 13's 3 ms target)
+    make_model.py     `make-model SHAPE OUT`: random bfloat16 weights in a real checkpoint's shape
+                      (model_shapes.py: the Hub configs) with SmolLM2's tokenizer, for --model FOLDER
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ BENCHMARKS = {
     "soak": "ops.bench.soak",
     "agreement": "ops.bench.agreement",
     "step-overhead": "ops.bench.step_overhead",
+    "make-model": "ops.bench.make_model",
 }
 
 

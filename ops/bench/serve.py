@@ -180,8 +180,9 @@ def run_vllm(w: Workload, args: argparse.Namespace) -> list[RunResult]:
     slo = Slo(args.slo_ttft, args.slo_itl)
     if reason or args.vllm_python is None:
         return [RunResult("vLLM serve", "-", w.name, [], 0.0, slo, error=reason)]
+    # Served under the name our requests carry (a folder's path too, not only "smollm2").
     server = vllm_peer.VllmServer(args.vllm_python, str(resolve_model(args.model).path), args.dtype, free_port(),
-                                  threads=args.threads)
+                                  served_name=args.model, threads=args.threads)
     with server:
         console.print("starting vllm serve (a minute or more on 2 cores) ...")
         try:
