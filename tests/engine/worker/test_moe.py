@@ -28,7 +28,7 @@ from engine.worker.layers.moe import SparseMoE
 from engine.worker.models.llama import ModelConfigError
 from engine.worker.models.moe_weights import load_moe, moe_options, sparse_layers
 
-H, E, K, I, SHARED, TOKENS = 64, 8, 2, 48, 96, 37
+H, E, K, INTER, SHARED, TOKENS = 64, 8, 2, 48, 96, 37
 COMMON = dict(vocab_size=32, hidden_size=H, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
               num_experts_per_tok=K)
 # bfloat16: ours accumulates the k weighted outputs (and the shared expert's) in float32 and rounds once,
@@ -40,8 +40,8 @@ BF16_ULPS = 2
 
 def _model(kind: str, norm_topk_prob: bool) -> torch.nn.Module:
     if kind == "mixtral":
-        return MixtralForCausalLM(MixtralConfig(**COMMON, intermediate_size=I, num_local_experts=E))
-    qwen = dict(**COMMON, moe_intermediate_size=I, num_experts=E, intermediate_size=80, norm_topk_prob=norm_topk_prob)
+        return MixtralForCausalLM(MixtralConfig(**COMMON, intermediate_size=INTER, num_local_experts=E))
+    qwen = dict(**COMMON, moe_intermediate_size=INTER, num_experts=E, intermediate_size=80, norm_topk_prob=norm_topk_prob)
     if kind == "qwen2_moe":
         return Qwen2MoeForCausalLM(Qwen2MoeConfig(**qwen, shared_expert_intermediate_size=SHARED))
     return Qwen3MoeForCausalLM(Qwen3MoeConfig(**qwen))
