@@ -24,9 +24,11 @@ from transformers import (
     Qwen3MoeForCausalLM,
 )
 
+from engine.worker.layers import linear
 from engine.worker.layers.moe import SparseMoE
 from engine.worker.models.llama import ModelConfigError
 from engine.worker.models.moe_weights import load_moe, moe_options, sparse_layers
+from pageserve_kernels import choice
 
 H, E, K, INTER, SHARED, TOKENS = 64, 8, 2, 48, 96, 37
 COMMON = dict(vocab_size=32, hidden_size=H, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
@@ -156,6 +158,26 @@ def test_missing_tensor_is_named(tmp_path: Path) -> None:
     del saved["tensors"]["model.layers.0.block_sparse_moe.experts.3.w3.weight"]
     with pytest.raises(ModelConfigError, match=r"experts\.3\.w3"):
         _ours(saved, "mixtral", torch.float32)
+
+
+@pytest.mark.parametrize("impl", linear.candidates(torch.float32))
+def test_packed_experts_give_the_same_output_and_free_the_raw_weights(
+        impl: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(choice, "_path", lambda: tmp_path / "choices.json")
+    monkeypatch.setattr(linear, "_PLANS", {})
+    monkeypatch.setenv(choice.FORCE_ENV, f"linear={impl}")
+    g = torch.Generator().manual_seed(4)
+    moe = SparseMoE(H, INTER, E, K, norm_topk_prob=True, dtype=torch.float32, shared_expert_intermediate_size=SHARED)
+    for p in moe.parameters():
+        p.data = torch.randn(p.shape, generator=g) * 0.2
+    x = torch.randn(TOKENS, H, generator=g)
+    want, raw = moe(x), moe.experts_gate_up.numel()
+    moe.pack_weights()
+    freed = impl != "torch"  # F.linear multiplies the raw weight: it stays
+    assert moe.experts_gate_up.numel() == (0 if freed else raw) and moe.experts_down.numel() == (0 if freed else raw // 2)
+    assert moe.shared_gate_up.numel() == (0 if freed else 2 * SHARED * H)
+    for rows in (1, 5, TOKENS):
+        torch.testing.assert_close(moe(x[:rows]), want[:rows], atol=1e-5, rtol=1e-5)
 
 
 QWEN = {"model_type": "qwen3_moe", "num_hidden_layers": 6, "num_experts": 8, "num_experts_per_tok": 2,
