@@ -75,6 +75,12 @@ def _num_experts(cfg: dict[str, Any]) -> int:
     return int(value)
 
 
+def _int(cfg: dict[str, Any], key: str) -> int:
+    if cfg.get(key) is None:
+        raise ModelConfigError(f"config.json of a {cfg.get('model_type')} model lacks {key!r}")
+    return int(cfg[key])
+
+
 def moe_options(cfg: dict[str, Any]) -> MoeOptions:
     """The MoE numbers of a mixtral / qwen2_moe / qwen3_moe config.json; ModelConfigError for what we cannot run."""
     kind = _model_type(cfg)
@@ -85,18 +91,18 @@ def moe_options(cfg: dict[str, Any]) -> MoeOptions:
         raise ModelConfigError(f"num_experts_per_tok {top_k} must be between 1 and the {num_experts} experts")
     if kind == "mixtral":
         return MoeOptions(num_experts, top_k, norm_topk_prob=True,
-                          expert_intermediate_size=int(cfg["intermediate_size"]),
+                          expert_intermediate_size=_int(cfg, "intermediate_size"),
                           shared_expert_intermediate_size=None, round_routing_weights=False)
-    shared = int(cfg.get("shared_expert_intermediate_size") or 0) if kind == "qwen2_moe" else 0
+    shared = _int(cfg, "shared_expert_intermediate_size") if kind == "qwen2_moe" else 0  # transformers: always one
     return MoeOptions(num_experts, top_k, norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
-                      expert_intermediate_size=int(cfg["moe_intermediate_size"]),
+                      expert_intermediate_size=_int(cfg, "moe_intermediate_size"),
                       shared_expert_intermediate_size=shared or None, round_routing_weights=True)
 
 
 def sparse_layers(cfg: dict[str, Any]) -> tuple[bool, ...]:
     """Per decoder layer: does it hold a SparseMoE? Mixtral: all. Qwen MoE (as transformers' decoder layer):
     layer i iff i not in mlp_only_layers and num_experts > 0 and (i + 1) % decoder_sparse_step == 0."""
-    layers = int(cfg["num_hidden_layers"])
+    layers = _int(cfg, "num_hidden_layers")
     if _model_type(cfg) == "mixtral":
         return (True,) * layers
     step = int(cfg.get("decoder_sparse_step", 1))

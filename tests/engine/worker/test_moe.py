@@ -207,6 +207,8 @@ def test_moe_options() -> None:
                        "num_experts_per_tok": 2, "intermediate_size": 48, "router_jitter_noise": 0.1,
                        "output_router_logits": True})  # both training-only: accepted
     assert mix.norm_topk_prob and not mix.round_routing_weights and mix.num_experts == 8
+    with pytest.raises(ModelConfigError, match="lacks 'shared_expert_intermediate_size'"):
+        moe_options({**QWEN, "model_type": "qwen2_moe"})  # transformers always builds it
 
 
 @pytest.mark.parametrize(("change", "message"), [
@@ -214,6 +216,7 @@ def test_moe_options() -> None:
     ({"hidden_act": "gelu"}, "silu only"),
     ({"num_experts_per_tok": 9}, "between 1 and the 8 experts"),
     ({"decoder_sparse_step": 0}, "at least 1"),
+    ({"moe_intermediate_size": None}, "lacks 'moe_intermediate_size'"),
 ])
 def test_moe_options_refuses_what_it_cannot_run(change: dict[str, Any], message: str) -> None:
     with pytest.raises(ModelConfigError, match=message):
