@@ -53,6 +53,13 @@ class MoeOptions:
     round_routing_weights: bool
     """The top-k weights rounded to the model dtype before scaling (Qwen); Mixtral scales in float32."""
 
+    def flops_per_token(self, hidden_size: int) -> int:
+        """Matmul FLOPs of one token through a sparse layer: the router, its top_k experts, the shared
+        expert and its gate (what replaces the dense 3 H I in the decoder's cost arithmetic, times 2)."""
+        h, shared = hidden_size, self.shared_expert_intermediate_size
+        active = h * self.num_experts + self.top_k * 3 * h * self.expert_intermediate_size
+        return 2 * (active + (0 if shared is None else 3 * h * shared + h))
+
     def build(self, hidden_size: int, dtype: torch.dtype) -> SparseMoE:
         return SparseMoE(hidden_size, self.expert_intermediate_size, self.num_experts, self.top_k,
                          self.norm_topk_prob, dtype, self.shared_expert_intermediate_size,

@@ -201,8 +201,10 @@ def test_moe_options() -> None:
     o = moe_options({**QWEN, "norm_topk_prob": True})
     assert (o.num_experts, o.top_k, o.norm_topk_prob, o.expert_intermediate_size) == (8, 2, True, 48)
     assert o.shared_expert_intermediate_size is None and o.round_routing_weights
+    assert o.flops_per_token(64) == 2 * (64 * 8 + 2 * 3 * 64 * 48)  # router + the 2 experts a token visits
     q2 = moe_options({**QWEN, "model_type": "qwen2_moe", "shared_expert_intermediate_size": 96})
     assert q2.shared_expert_intermediate_size == 96 and not q2.norm_topk_prob
+    assert q2.flops_per_token(64) == o.flops_per_token(64) + 2 * (3 * 64 * 96 + 64)  # + shared expert and gate
     mix = moe_options({"model_type": "mixtral", "num_hidden_layers": 2, "num_local_experts": 8,
                        "num_experts_per_tok": 2, "intermediate_size": 48, "router_jitter_noise": 0.1,
                        "output_router_logits": True})  # both training-only: accepted
