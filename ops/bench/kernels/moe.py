@@ -1,8 +1,9 @@
 """SparseMoE forward: tokens grouped by expert against a per-token loop, on the CPU. A script, not a test.
 
-    python -m ops.bench.kernels.moe                 # Qwen3-MoE-like small shape, about a minute on 2 cores
+    python -m ops.bench.kernels.moe                 # Qwen3-MoE-like small shape, 1-2 minutes on 2 cores
     python -m ops.bench.kernels.moe --rows 1 16     # fewer row counts
     python -m ops.bench.kernels.moe --threads 1     # one thread: steadier on a shared host
+    python -m ops.bench.kernels.moe --dtype float32 # one dtype: half the time
 
 Shape: hidden 1024, expert intermediate 768, 16 experts, top 4 (an expert's gate_up and down are
 4.7 MiB in bfloat16). "grouped" is engine/worker/layers/moe.py as the engine runs it unpacked,
@@ -70,6 +71,7 @@ def _row(plain: SparseMoE, packed: SparseMoE, rows: int, dtype: torch.dtype) -> 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 16, 64, 512])
+    ap.add_argument("--dtype", nargs="+", default=["bfloat16", "float32"], choices=["bfloat16", "float32"])
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     args = ap.parse_args()
     if args.threads:
@@ -77,7 +79,7 @@ def main() -> None:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; H {H}, I {INTER}, {E} experts, top {K}")
     print(f"{'dtype':>9} {'rows':>5} {'grouped ms':>11} {'packed ms':>10} {'per-token ms':>13} {'per-token / grouped':>20}")
     with torch.no_grad():
-        for dtype in (torch.bfloat16, torch.float32):
+        for dtype in (getattr(torch, name) for name in args.dtype):
             plain, packed = _moe(dtype), _moe(dtype)
             packed.pack_weights()
             for rows in args.rows:
