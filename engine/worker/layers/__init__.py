@@ -1,1 +1,2 @@
-"""Building blocks of the decoder models: norm, rotary embedding, paged attention, MLP."""
+"""Building blocks of the decoder models: norm, rotary embedding, paged attention, MLP,
+mixture of experts (moe.py)."""

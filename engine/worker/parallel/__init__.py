@@ -2,6 +2,7 @@
 
     partition.py     which heads, MLP columns and vocabulary rows each rank holds (uneven splits allowed)
     sharding.py      slices the loaded full model into one rank's ParallelLlama
+    moe_shard.py     one rank's SparseMoE: every expert's intermediate columns split (not yet wired in)
     layers.py        ParallelLlama: vocabulary-parallel embedding and LM head, all_reduce after the
                      row-parallel o_proj and down_proj (Megatron-LM's placement)
     group.py         the gloo group on loopback, each rank's share of the threads
