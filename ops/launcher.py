@@ -194,7 +194,7 @@ def parse_args(argv: list[str]) -> LaunchConfig:
                    help="an engine that dies within this many seconds of its start counts towards "
                         f"--crash-loop-count (default {default.crash_loop_window_s:g})")
     p.add_argument("--log-dir", default=None, help="where each engine's log goes, NAME.log (default: a new "
-                   "temporary folder, printed at start and kept)")
+                   "temporary folder, printed at start, removed after a clean stop, kept when up fails)")
     a = p.parse_args(argv)
     if a.engines < 1:
         p.error("--engines must be at least 1")
@@ -221,6 +221,9 @@ class Running:
     redis: list[Child] = field(default_factory=list)
     engines: EngineGroup | None = None
     gateway: list[Child] = field(default_factory=list)
+    temp_logs: Path | None = None
+    """The engines' log folder when `up` made it in the temp directory: removed after a clean stop
+    (nothing left behind), kept when `up` fails, since its message names a log there."""
 
     def children(self) -> list[Child]:
         return [*self.redis, *(self.engines.children() if self.engines else []), *self.gateway]
@@ -245,18 +248,21 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     running = Running()
+    status = 1
     try:
-        return _run(config, running, lambda: stop_requested)
+        status = _run(config, running, lambda: stop_requested)
+        return status
     except RuntimeError as e:  # CrashLoop too
         print(f"pageserve up: {e}", file=sys.stderr, flush=True)
         return 1
     finally:
         stop_all(running.children())
+        if status == 0 and running.temp_logs is not None:
+            shutil.rmtree(running.temp_logs, ignore_errors=True)
 
 
-def start_engines(config: LaunchConfig, cli: list[str]) -> EngineGroup:
+def start_engines(config: LaunchConfig, cli: list[str], log_dir: Path) -> EngineGroup:
     """Each replica on its address, logging to its own file; printed so a user can find both."""
-    log_dir = Path(config.log_dir or tempfile.mkdtemp(prefix="pageserve-up-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     addresses = engine_addresses(config)
     names = ["engine"] if len(addresses) == 1 else [f"engine-{i}" for i in range(len(addresses))]
@@ -279,7 +285,9 @@ def _run(config: LaunchConfig, running: Running, stopping: Callable[[], bool]) -
         running.redis.append(redis)
     engine_address = config.engine_address
     if engine_address is None:
-        running.engines = start_engines(config, cli)
+        log_dir = Path(config.log_dir) if config.log_dir else Path(tempfile.mkdtemp(prefix="pageserve-up-"))
+        running.temp_logs = None if config.log_dir else log_dir
+        running.engines = start_engines(config, cli, log_dir)
         engine_address = ",".join(r.address for r in running.engines.replicas)
     gateway_argv, gateway_env = gateway_command(cli, config, engine_address, redis_url)
     running.gateway.append(spawn("gateway", gateway_argv, env=gateway_env))
