@@ -25,6 +25,7 @@ from safetensors import safe_open
 from engine.config import ModelConfig
 from engine.worker.models.architectures import read_architecture
 from engine.worker.models.decoder import DecoderModel
+from engine.worker.models.moe_weights import load_moe
 from engine.worker.models.spec import ModelConfigError, ModelSpec, WeightNames
 from pageserve_kernels.cpu_features import has_bf16_hardware, has_fast_matmul
 from shared.model_store import ModelFiles, resolve_model
@@ -122,14 +123,15 @@ def _load_weights(model: DecoderModel, names: WeightNames, files: ModelFiles, dt
         model.embed.data = take(names.embed)
         for i, layer in enumerate(model.layers):
             prefix = f"{names.layers_prefix}{i}."
+            sparse = shape.is_sparse(i)
             for ours, theirs in names.layer.items():
+                if sparse and ours.startswith("mlp."):
+                    continue  # the experts' tensors: load_moe below
                 param = layer.get_parameter(ours)
                 param.data = torch.cat([take(prefix + n) for n in theirs]).contiguous()
                 filled.add(f"{i}.{ours}")
-            if shape.is_sparse(i):
-                from engine.worker.models.moe_weights import load_moe  # noqa: PLC0415 (MoE models only)
-
-                load_moe(layer.mlp, names.moe_style, prefix, take)
+            if sparse:
+                load_moe(layer.mlp, take, prefix, names.moe_style)
                 filled.update(f"{i}.mlp.{n}" for n, _ in layer.mlp.named_parameters())
         model.norm.weight.data = take(names.final_norm)
         if shape.tie_word_embeddings:

@@ -37,6 +37,11 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
                                  "original_max_position_embeddings": 128,
                                  "short_factor": [1.0 + 0.1 * i for i in range(4)],
                                  "long_factor": [2.0 + 0.5 * i for i in range(4)]}},
+    "mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 48, "sliding_window": None},
+    "qwen2_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 48,
+                  "shared_expert_intermediate_size": 96, "norm_topk_prob": False, "mlp_only_layers": [1]},
+    "qwen3_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 48, "head_dim": 24,
+                  "norm_topk_prob": True, "mlp_only_layers": [0]},
 }
 """Per architecture, the knobs its tiny model sets beyond BASE."""
 

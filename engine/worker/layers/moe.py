@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.worker.layers.linear import Packed, linear, pack, pack_in_place
+from engine.worker.models.spec import MoeOptions
 from pageserve_kernels.fused_ops import silu_and_mul
 
 
@@ -31,6 +32,12 @@ def _frozen(*shape: int, dtype: torch.dtype) -> nn.Parameter:
 
 
 class SparseMoE(nn.Module):
+    @classmethod
+    def from_options(cls, options: MoeOptions, hidden_size: int, dtype: torch.dtype) -> SparseMoE:
+        return cls(hidden_size, options.expert_intermediate_size, options.num_experts, options.top_k,
+                   options.norm_topk_prob, dtype, options.shared_expert_intermediate_size,
+                   round_routing_weights=options.round_routing_weights)
+
     def __init__(
         self,
         hidden_size: int,

@@ -31,6 +31,7 @@ from engine.worker.layers.attention import Attention, AttentionMetadata, PagedAt
 from engine.worker.layers.exact_logits import exact_near_max
 from engine.worker.layers.linear import Packed, linear, pack
 from engine.worker.layers.mlp import GatedMLP
+from engine.worker.layers.moe import SparseMoE
 from engine.worker.layers.norm import RMSNorm
 from engine.worker.layers.rotary import RotaryEmbedding
 from engine.worker.models.spec import ModelSpec
@@ -42,7 +43,8 @@ class DecoderLayer(nn.Module):
         self.input_norm = RMSNorm(s.hidden_size, s.rms_norm_eps, dtype)
         self.attn = Attention(s, index, dtype)
         self.pre_mlp_norm = RMSNorm(s.hidden_size, s.rms_norm_eps, dtype)
-        self.mlp: nn.Module = GatedMLP(s.hidden_size, s.intermediate_size, dtype, s.activation)
+        self.mlp: nn.Module = (SparseMoE.from_options(s.moe, s.hidden_size, dtype) if s.moe and s.is_sparse(index)
+                               else GatedMLP(s.hidden_size, s.intermediate_size, dtype, s.activation))
         # sandwich_norms (Gemma 2/3): each block's output normed again before its residual add
         self.attn_out_norm = RMSNorm(s.hidden_size, s.rms_norm_eps, dtype) if s.sandwich_norms else None
         self.mlp_out_norm = RMSNorm(s.hidden_size, s.rms_norm_eps, dtype) if s.sandwich_norms else None

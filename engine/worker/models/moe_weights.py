@@ -26,44 +26,15 @@ the hidden states are the same). This module knows nothing about the rest of the
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from engine.worker.layers.moe import SparseMoE
-from engine.worker.models.llama import ModelConfigError
+from engine.worker.models.spec import ModelConfigError, MoeOptions
 
 MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe")
 Take = Callable[[str], torch.Tensor]
-
-
-@dataclass(frozen=True)
-class MoeOptions:
-    """One model's mixture-of-experts numbers (the same in every sparse layer)."""
-
-    num_experts: int
-    top_k: int
-    """Experts each token is sent to (`num_experts_per_tok`)."""
-    norm_topk_prob: bool
-    """Renormalise the top-k softmax weights to sum to 1 (Mixtral always does)."""
-    expert_intermediate_size: int
-    shared_expert_intermediate_size: int | None
-    """Qwen2-MoE's always-on expert, scaled by sigmoid(shared_expert_gate(x)); None elsewhere."""
-    round_routing_weights: bool
-    """The top-k weights rounded to the model dtype before scaling (Qwen); Mixtral scales in float32."""
-
-    def flops_per_token(self, hidden_size: int) -> int:
-        """Matmul FLOPs of one token through a sparse layer: the router, its top_k experts, the shared
-        expert and its gate (what replaces the dense 3 H I in the decoder's cost arithmetic, times 2)."""
-        h, shared = hidden_size, self.shared_expert_intermediate_size
-        active = h * self.num_experts + self.top_k * 3 * h * self.expert_intermediate_size
-        return 2 * (active + (0 if shared is None else 3 * h * shared + h))
-
-    def build(self, hidden_size: int, dtype: torch.dtype) -> SparseMoE:
-        return SparseMoE(hidden_size, self.expert_intermediate_size, self.num_experts, self.top_k,
-                         self.norm_topk_prob, dtype, self.shared_expert_intermediate_size,
-                         round_routing_weights=self.round_routing_weights)
 
 
 def _model_type(cfg: dict[str, Any]) -> str:

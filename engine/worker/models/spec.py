@@ -34,15 +34,27 @@ class RopeSpec:
 
 
 @dataclass(frozen=True)
-class MoeSpec:
-    """A sparse mixture-of-experts MLP (engine/worker/layers/moe.py)."""
+class MoeOptions:
+    """One model's mixture-of-experts numbers, the same in every sparse layer (engine/worker/layers/moe.py;
+    read by engine/worker/models/moe_weights.py)."""
 
     num_experts: int
     top_k: int
+    """Experts each token is sent to (`num_experts_per_tok`)."""
     norm_topk_prob: bool
+    """Renormalise the top-k softmax weights to sum to 1 (Mixtral always does)."""
     expert_intermediate_size: int
-    shared_expert_intermediate_size: int | None = None
-    """Qwen2-MoE's gated shared expert; None where there is none."""
+    shared_expert_intermediate_size: int | None
+    """Qwen2-MoE's always-on expert, scaled by sigmoid(shared_expert_gate(x)); None elsewhere."""
+    round_routing_weights: bool
+    """The top-k weights rounded to the model dtype before scaling (Qwen); Mixtral scales in float32."""
+
+    def flops_per_token(self, hidden_size: int) -> int:
+        """Matmul FLOPs of one token through a sparse layer: the router, its top_k experts, the shared
+        expert and its gate."""
+        h, shared = hidden_size, self.shared_expert_intermediate_size
+        active = h * self.num_experts + self.top_k * 3 * h * self.expert_intermediate_size
+        return 2 * (active + (0 if shared is None else 3 * h * shared + h))
 
 
 @dataclass(frozen=True)
@@ -89,7 +101,7 @@ class ModelSpec:
     """Gemma 2/3: the attention and MLP outputs are normed again before their residual adds."""
     activation: Literal["silu", "gelu_tanh"] = "silu"
     """The gated MLP's activation: SwiGLU, or Gemma's GELU (tanh approximation)."""
-    moe: MoeSpec | None = None
+    moe: MoeOptions | None = None
     sparse_layers: tuple[bool, ...] = ()
     """Per layer, whether its MLP is the mixture of experts (Qwen-MoE's mlp_only_layers and
     decoder_sparse_step); empty: every layer when `moe` is set."""
@@ -137,18 +149,10 @@ class ModelSpec:
         """Matmul FLOPs of one token through the body (attention scores excluded, no logits; for a
         mixture of experts, the experts a token is routed to)."""
         q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        attn = self.hidden_size * (q + 2 * kv) + q * self.hidden_size
-        total = 0
-        for layer in range(self.num_layers):
-            if self.is_sparse(layer):
-                assert self.moe is not None
-                m = self.moe
-                mlp = 3 * self.hidden_size * m.expert_intermediate_size * m.top_k + self.hidden_size * m.num_experts
-                mlp += 3 * self.hidden_size * (m.shared_expert_intermediate_size or 0)
-            else:
-                mlp = 3 * self.hidden_size * self.intermediate_size
-            total += attn + mlp
-        return 2 * total
+        attn = 2 * (self.hidden_size * (q + 2 * kv) + q * self.hidden_size)
+        dense = 2 * 3 * self.hidden_size * self.intermediate_size
+        return sum(attn + (self.moe.flops_per_token(self.hidden_size) if self.moe and self.is_sparse(i) else dense)
+                   for i in range(self.num_layers))
 
 
 _NUMBERS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",

@@ -19,9 +19,11 @@ import torch
 
 from engine.worker.layers.attention import Attention
 from engine.worker.layers.mlp import GatedMLP
+from engine.worker.layers.moe import SparseMoE
 from engine.worker.models.decoder import DecoderModel
 from engine.worker.parallel.group import RankGroup
 from engine.worker.parallel.layers import ParallelLlama
+from engine.worker.parallel.moe_shard import shard_moe
 from engine.worker.parallel.partition import ShardPlan
 
 
@@ -45,7 +47,10 @@ def shard_model(full: DecoderModel, plan: ShardPlan, group: RankGroup) -> Parall
                 if name.endswith("norm.weight") or name.endswith("_norm"):
                     _named(mine, name).data = param.data.clone()
             _shard_attention(mine.attn.inner, theirs.attn, plan, group.rank)
-            _shard_mlp(mine.mlp.inner, theirs.mlp, plan)
+            if isinstance(theirs.mlp, SparseMoE):  # each expert's columns split as a dense MLP's are
+                mine.mlp.inner = shard_moe(theirs.mlp, plan.world_size, plan.rank)
+            else:
+                _shard_mlp(mine.mlp.inner, theirs.mlp, plan)
     return shard
 
 

@@ -24,7 +24,8 @@ from tests.support.tiny_model import ARCHITECTURES, tiny_folder
 
 LENGTHS = [1, 5, 17, 33, 8, 45, 2, 25]
 NEW_TOKENS = 24
-GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+# min_tokens: hf_greedy's min_new_tokens masks EOS, ignore_eos alone does not (as in vLLM)
+GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, min_tokens=NEW_TOKENS, ignore_eos=True)
 
 
 @pytest.fixture(scope="module", params=sorted(ARCHITECTURES))
@@ -52,7 +53,8 @@ def test_float32_greedy_equals_transformers(folder: Path) -> None:
     for prompt, result in zip(again, llm.generate(again, GREEDY, detokenize=False), strict=True):
         assert result.token_ids == hf_greedy(hf, prompt, NEW_TOKENS)
     assert llm.core.stats().prefix_cache_hit_tokens > hits_before
-    pair = llm.generate([prompts[2]], SamplingParams(n=2, temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True),
+    pair = llm.generate([prompts[2]], SamplingParams(n=2, temperature=0.0, max_tokens=NEW_TOKENS, min_tokens=NEW_TOKENS,
+                                                   ignore_eos=True),
                         detokenize=False)[0]
     assert [o.token_ids for o in pair.outputs] == [hf_greedy(hf, prompts[2], NEW_TOKENS)] * 2
     llm.core.scheduler.check_invariants()

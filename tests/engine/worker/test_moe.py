@@ -26,8 +26,8 @@ from transformers import (
 
 from engine.worker.layers import linear
 from engine.worker.layers.moe import SparseMoE
-from engine.worker.models.llama import ModelConfigError
 from engine.worker.models.moe_weights import load_moe, moe_options, sparse_layers
+from engine.worker.models.spec import ModelConfigError
 from pageserve_kernels import choice
 
 H, E, K, INTER, SHARED, TOKENS = 64, 8, 2, 48, 96, 37
@@ -73,7 +73,7 @@ def _ours(saved: dict[str, Any], kind: str, dtype: torch.dtype) -> tuple[SparseM
         except KeyError:
             raise ModelConfigError(f"tensor {name!r} is missing") from None
 
-    moe = moe_options(saved["cfg"]).build(H, dtype)
+    moe = SparseMoE.from_options(moe_options(saved["cfg"]), H, dtype)
     load_moe(moe, take, "model.layers.0.", kind)
     return moe, tensors
 
