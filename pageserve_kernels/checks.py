@@ -8,6 +8,7 @@ so the CPU engine never pays for it.
 
 from __future__ import annotations
 
+import math
 import os
 
 import torch
@@ -61,6 +62,14 @@ def check_last_contiguous(name: str, t: torch.Tensor) -> None:
 def check_int_index(name: str, t: torch.Tensor, ndim: int) -> None:
     check_dim(name, t, ndim)
     check_dtype(name, t, (torch.int32, torch.int64))
+
+
+def check_window_softcap(window: int, softcap: float) -> None:
+    """A sliding window is a whole number of tokens, 0 for none; a soft-cap a finite value, 0 for none."""
+    if isinstance(window, bool) or not isinstance(window, int) or window < 0:
+        raise KernelArgError("window", f"must be an int >= 0 (0: full causal attention), got {window!r}")
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not math.isfinite(softcap) or softcap < 0:
+        raise KernelArgError("softcap", f"must be a finite float >= 0 (0: no soft-capping), got {softcap!r}")
 
 
 def next_pow2(n: int) -> int:

@@ -55,7 +55,12 @@ def paged_attention_ref(
     query_start_loc: torch.Tensor,  # (B + 1,) int32
     seq_lens: torch.Tensor,  # (B,) int32
     scale: float,
+    window: int = 0,
+    softcap: float = 0.0,
 ) -> torch.Tensor:  # (T, n_q, hd)
+    """`window` > 0: a query at position p sees keys k with p - window < k <= p (transformers'
+    sliding window, `kv_idx > q_idx - sliding_window`); 0 sees every earlier key. `softcap` > 0: the
+    scaled scores become softcap * tanh(score / softcap) before the mask (Gemma 2); 0 leaves them."""
     out = torch.empty_like(query)
     n_q, n_kv = query.shape[1], key_cache.shape[2]
     group = n_q // n_kv
@@ -72,7 +77,12 @@ def paged_attention_ref(
         scores = torch.einsum("lhd,shd->hls", q, k) * scale  # (n_q, L, S)
         q_pos = torch.arange(seq_len - (q1 - q0), seq_len, device=query.device)
         k_pos = torch.arange(seq_len, device=query.device)
-        scores = scores.masked_fill(k_pos[None, None, :] > q_pos[None, :, None], float("-inf"))
+        if softcap > 0:
+            scores = softcap * torch.tanh(scores.float() / softcap)
+        hidden = k_pos[None, :] > q_pos[:, None]  # (L, S) causal
+        if window > 0:
+            hidden |= k_pos[None, :] <= q_pos[:, None] - window
+        scores = scores.masked_fill(hidden[None], float("-inf"))
         probs = torch.softmax(scores.float(), dim=-1).to(query.dtype)
         out[q0:q1] = torch.einsum("hls,shd->lhd", probs, v)
     return out
