@@ -112,7 +112,7 @@ def attend(
         kernel = cpu_prefill.load()
         assert kernel is not None, "planned for the native prefill kernel, which is not available"
         kernel(out, query, key_cache, value_cache, npf.starts, npf.lens, npf.context_lens, npf.block_tables, scale,
-               window=window, softcap=softcap)
+               window, softcap)
         chunks = ()
     for c in chunks:
         out[c.start : c.end] = _attend_chunk(c, query, key_cache, value_cache, scale, fresh_kv, window, softcap)
