@@ -43,17 +43,7 @@ from pageserve_kernels.attention_launch import (
     plan_launch,
 )
 from pageserve_kernels.bf16 import store_cast
-from pageserve_kernels.checks import (
-    FLOAT_DTYPES,
-    KernelArgError,
-    check_device,
-    check_dim,
-    check_dtype,
-    check_int_index,
-    check_last_contiguous,
-    check_window_softcap,
-    upcast_dots,
-)
+from pageserve_kernels.checks import KernelArgError, check_paged_attention_args, upcast_dots
 from pageserve_kernels.merge_splits import merge_splits
 
 LOG2E = 1.4426950408889634
@@ -302,49 +292,6 @@ def _store_rows(
         tl.store(part_lse_ptr + part_row, lse, mask=row_ok)
 
 
-def _check_args(
-    query: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    seq_lens: torch.Tensor,
-) -> None:
-    check_dim("query", query, 3)
-    check_dim("key_cache", key_cache, 4)
-    check_dtype("query", query, FLOAT_DTYPES)
-    for name, cache in (("key_cache", key_cache), ("value_cache", value_cache)):
-        if cache.shape != key_cache.shape or cache.dtype != query.dtype:
-            raise KernelArgError(name, f"{tuple(cache.shape)} {cache.dtype} does not match query/key_cache")
-        check_last_contiguous(name, cache)
-    check_last_contiguous("query", query)
-    n_q, head_dim = query.shape[1], query.shape[2]
-    n_kv = key_cache.shape[2]
-    if key_cache.shape[3] != head_dim:
-        raise KernelArgError("key_cache", f"head_dim {key_cache.shape[3]} != query head_dim {head_dim}")
-    if n_q % n_kv != 0:
-        raise KernelArgError("query", f"{n_q} query heads are not a multiple of {n_kv} KV heads")
-    check_int_index("block_tables", block_tables, 2)
-    check_int_index("query_start_loc", query_start_loc, 1)
-    check_int_index("seq_lens", seq_lens, 1)
-    batch = block_tables.shape[0]
-    if query_start_loc.shape[0] != batch + 1 or seq_lens.shape[0] != batch:
-        raise KernelArgError("query_start_loc", f"need B + 1 = {batch + 1} entries and seq_lens B")
-    if block_tables.stride(1) != 1 or not query_start_loc.is_contiguous() or not seq_lens.is_contiguous():
-        raise KernelArgError("block_tables", "index tensors must be contiguous along their last dim")
-    for name, t in (("query", query), ("key_cache", key_cache), ("value_cache", value_cache)):
-        check_device(name, t)
-        if t.device != query.device:
-            raise KernelArgError(name, f"on {t.device}, query on {query.device}")
-    for name, t in (
-        ("block_tables", block_tables),
-        ("query_start_loc", query_start_loc),
-        ("seq_lens", seq_lens),
-    ):
-        if t.device != query.device:
-            raise KernelArgError(name, f"on {t.device}, query on {query.device}")
-
-
 def paged_attention(
     query: torch.Tensor,  # (T, n_q, hd)
     key_cache: torch.Tensor,  # (num_blocks, block_size, n_kv, hd)
@@ -364,19 +311,16 @@ def paged_attention(
     num_stages: int = 3,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:  # (T, n_q, hd)
-    """Attention of every query token over its request's cached keys, causally; `window` > 0 keeps each
-    query's last `window` keys only, `softcap` > 0 caps the scores (pageserve_kernels/reference.py).
+    """Attention of every query token over its request's cached keys, causally (`window`, `softcap`: reference.py).
 
-    Pass max_query_len and max_seq_len when the caller knows them (the runner
-    does): otherwise they are read from the device tensors, a host sync.
-    num_splits, tile_n, num_warps and num_stages override the heuristics
-    (tests, and tuning with ops/bench/kernels/attention.py on a GPU).
+    Pass max_query_len and max_seq_len when the caller knows them (the runner does): otherwise they are
+    read from the device tensors, a host sync. num_splits, tile_n, num_warps and num_stages override the
+    heuristics (tests, and tuning with ops/bench/kernels/attention.py on a GPU).
     """
-    _check_args(query, key_cache, value_cache, block_tables, query_start_loc, seq_lens)
-    check_window_softcap(window, softcap)
+    check_paged_attention_args(query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, window,
+                               softcap)
     num_tokens, n_q, head_dim = query.shape
-    block_size, n_kv = key_cache.shape[1], key_cache.shape[2]
-    batch = block_tables.shape[0]
+    block_size, n_kv, batch = key_cache.shape[1], key_cache.shape[2], block_tables.shape[0]
     if out is None:
         out = torch.empty_like(query)
     elif out.shape != query.shape or out.dtype != query.dtype or out.stride(-1) != 1:
@@ -387,7 +331,6 @@ def paged_attention(
         max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max())
     if max_seq_len is None:
         max_seq_len = int(seq_lens.max())
-
     plan = plan_launch(
         num_tokens, batch, n_q, n_kv, head_dim, max_query_len, max_seq_len, query.device,
         num_splits=num_splits, tile_n=tile_n, num_warps=num_warps,
@@ -395,12 +338,10 @@ def paged_attention(
     num_splits = plan.num_splits
     part_out = part_lse = out  # placeholders the kernel never touches without SPLIT_K
     if num_splits > 1:
-        part_out = torch.empty(
-            num_tokens, n_q, num_splits, head_dim, dtype=torch.float32, device=query.device
-        )
+        part_out = torch.empty(num_tokens, n_q, num_splits, head_dim, dtype=torch.float32, device=query.device)
         part_lse = torch.empty(num_tokens, n_q, num_splits, dtype=torch.float32, device=query.device)
-    consts = attention_constexprs(plan, n_q, n_kv, head_dim, block_size, upcast_dots(query.dtype), window > 0,
-                                  softcap > 0)
+    consts = attention_constexprs(plan, n_q, n_kv, head_dim, block_size, upcast_dots(query.dtype),
+                                  windowed=window > 0, softcapped=softcap > 0)
     ints = attention_int_args(query, out, key_cache, value_cache, block_tables, num_splits)
     _paged_attention_kernel[(plan.grid0, n_kv, num_splits)](
         out, part_out, part_lse, query, key_cache, value_cache,
