@@ -165,8 +165,13 @@ INLINE void prefill_attention(const void *q, int64_t q_stride, const void *kc, c
             const int64_t j = n_tasks - 1 - k; /* later tiles see more keys: start with them */
             const int64_t c = task[3 * j], t0 = task[3 * j + 1], h = task[3 * j + 2];
             const int64_t t1 = t0 + TILE_TOKENS < lens[c] ? t0 + TILE_TOKENS : lens[c];
-            attend_tile(q, q_stride, kc, vc, out, starts[c], context_lens[c], tables + c * max_blocks, t0, t1, h,
-                        grp, n_kv, hd, bs, scale, window, softcap, qs, o, s, kt, vs, mx, sums, bf16, dp, vt, pt);
+#define ATTEND_TILE(WINDOW, SOFTCAP)                                                                              \
+    attend_tile(q, q_stride, kc, vc, out, starts[c], context_lens[c], tables + c * max_blocks, t0, t1, h, grp, n_kv, \
+                hd, bs, scale, WINDOW, SOFTCAP, qs, o, s, kt, vs, mx, sums, bf16, dp, vt, pt)
+            /* A plain layer's tiles inline with the constants 0: no window or soft-cap test left in their loops. */
+            if (window == 0 && softcap == 0.f) ATTEND_TILE(0, 0.f);
+            else ATTEND_TILE(window, softcap);
+#undef ATTEND_TILE
         }
         free(qs); free(o); free(s); free(kt); free(vs); free(mx); free(sums); free(vt); free(pt);
 #if HAVE_AMX
