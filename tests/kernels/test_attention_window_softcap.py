@@ -201,3 +201,19 @@ def test_bad_window_or_softcap_is_refused_by_name(window: int, softcap: float, a
         with pytest.raises(KernelArgError, match=f"^{arg}: ") as err:
             fn(*batch.args(), window, softcap)
         assert err.value.arg == arg
+
+
+def test_windowed_and_capped_layers_warm_up_binaries_of_their_own() -> None:
+    """A window or a soft-cap is a compile key of the Triton kernel only as "has one" (its value is a runtime
+    argument): the warm-up compiles each kind a model names, and a window of any length runs one binary."""
+    from pageserve_kernels.warmup import attention_variant_of, warmup_variants
+
+    meta = torch.device("meta")
+    kc = torch.empty(64, 16, 2, 64, dtype=torch.bfloat16, device=meta)
+    plain = set(warmup_variants(kc, kc, 6, 512))
+    kinds = set(warmup_variants(kc, kc, 6, 512, kinds=((0, 0.0), (4096, 0.0), (0, 50.0), (4096, 50.0))))
+    assert plain < kinds and len(kinds) == 4 * len(plain)
+    query = torch.empty(3, 6, 64, dtype=torch.bfloat16, device=meta)
+    tables = torch.empty(3, 40, dtype=torch.int32, device=meta)
+    windows = {attention_variant_of(query, kc, kc, tables, 1, 600, window=w, softcap=30.0) for w in (1, 16, 4096)}
+    assert len(windows) == 1 and windows <= kinds
