@@ -27,6 +27,11 @@ attends causally to the step's own K/V and never touches the cache; a chunk
 that continues a prompt (chunked prefill, prefix hit, recompute) gathers its
 blocks and uses an explicit (L, S) causal mask shifted by the context length.
 
+Sliding windows and soft-caps are per layer, the plan per step: `attend` takes both and hands them to
+the C kernels; the PyTorch paths build the window's masks per layer (a windowed fresh chunk can no
+longer use SDPA's is_causal), skip a continued chunk's blocks before its window, and take an eager
+softmax where scores are capped (SDPA has no soft-cap).
+
 This file knows nothing about models, requests or scheduling: only token
 counts, block tables and tensors.
 """

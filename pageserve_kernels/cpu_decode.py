@@ -26,6 +26,13 @@ variants (`VARIANTS`), each compiled in where the host has its instructions:
                tile, an online softmax whose state each request's own blocks then continue)
   avx512_bf16  as avx512, the bfloat16 scores by AVX512-BF16's dot-product instruction
 The K pass's prefetches run on into the V pass's first blocks.
+
+A layer with a sliding window (`window` > 0) starts each request at the block holding its first key inside
+the window and never reads the blocks before it (that is the point: a long context costs a windowed layer
+only its window); the keys of that first block before the window get probability 0. A soft-capped layer
+(`softcap` > 0, Gemma 2) caps the scores (csrc/softcap.h) before the softmax, including in the shared-prefix
+tiles; a windowed call plans no shared-prefix tiles (the window skips a long request's leading blocks).
+Both are tested once per task, so a plain layer's loops are unchanged.
 The variant is chosen once per dtype and shape by timing the ones that apply
 (pageserve_kernels/choice.py: cached per host; PAGESERVE_KERNEL_CHOICE=decode_attention=avx2
 forces one).

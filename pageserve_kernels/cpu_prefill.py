@@ -18,7 +18,10 @@ place through the block table, 16 keys at a time:
 
 Query token t of a chunk sits at position context_len + t and sees keys 0 ..
 context_len + t (its own K/V is already in the cache: the engine writes a step's
-K/V before attending). Results equal softmax(q K^T * scale) V up to float32
+K/V before attending); with a sliding window (`window` > 0) only its last `window` of them: a tile's
+key loop starts at its first query's first key, and each row masks the keys before its own (a lower
+lane bound in online_softmax). `softcap` > 0 caps each block's scores (csrc/softcap.h) before the mask.
+A plain layer's tiles are compiled with both at 0 (one branch a task). Results equal softmax(q K^T * scale) V up to float32
 rounding (summation order differs from PyTorch's). bfloat16 tensors are widened to
 float32 as the tiles are copied (the copy happens for float32 too), everything runs in
 float32 and each output is rounded to bfloat16 once: on an AMD EPYC with AVX512-BF16,

@@ -13,7 +13,8 @@ position p lives in slot  block_table[p // block_size] * block_size + p % block_
 A batch is flat: T query tokens from B requests, request b owning rows
 query_start_loc[b] : query_start_loc[b + 1]. seq_lens[b] counts every token of
 request b in the cache after this step's write, so its queries sit at positions
-seq_lens[b] - q_len_b ... seq_lens[b] - 1 and attend causally to all earlier ones.
+seq_lens[b] - q_len_b ... seq_lens[b] - 1 and attend causally to all earlier ones (with a
+sliding window, to the last `window` of them; transformers' semantics, see paged_attention_ref).
 These functions are slow on purpose (one request at a time); tests compare the
 Triton kernels and the fast CPU path against them.
 """
