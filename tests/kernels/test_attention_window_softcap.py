@@ -22,6 +22,7 @@ from pageserve_kernels import cpu_attention as ca
 from pageserve_kernels import cpu_decode, cpu_prefill
 from pageserve_kernels import reference as ref
 from pageserve_kernels.checks import KernelArgError
+from pageserve_kernels.cpu_attention_plan import compute_slot_mapping
 from pageserve_kernels.dispatch import select_backend
 from tests.kernels.factories import AttentionBatch, assert_close_to_reference, make_batch
 from tests.kernels.test_cpu_attention import _build_without_avx512
@@ -217,3 +218,33 @@ def test_windowed_and_capped_layers_warm_up_binaries_of_their_own() -> None:
     tables = torch.empty(3, 40, dtype=torch.int32, device=meta)
     windows = {attention_variant_of(query, kc, kc, tables, 1, 600, window=w, softcap=30.0) for w in (1, 16, 4096)}
     assert len(windows) == 1 and windows <= kinds
+
+
+@pytest.mark.parametrize("adapter", ["torch", "torch-native", "kernel"])
+def test_the_layer_adapters_pass_window_and_softcap_on(adapter: str) -> None:
+    """engine/worker/layers/attention.py's PagedAttentionOp contract: K/V written, then the window and soft-cap
+    applied (a step of a continued prompt, a fresh one and a decode over caches the step itself fills)."""
+    from engine.worker.layers.attention import AttentionMetadata, KernelPagedAttention, TorchPagedAttention
+
+    native = adapter == "torch-native"
+    if native and cpu_decode.load() is None:
+        pytest.skip("no C compiler here: the native kernels cannot be built")
+    op = (KernelPagedAttention(select_backend("torch")) if adapter == "kernel"
+          else TorchPagedAttention(native_decode=native))
+    q_lens, seq_lens, bs, n_q, n_kv, hd = [9, 20, 1], [30, 20, 41], 16, 4, 2, 32
+    tables = [[3, 5], [0, 7], [1, 2, 6]]
+    gen = torch.Generator().manual_seed(1)
+    kc = torch.randn(8, bs, n_kv, hd, generator=gen)  # earlier steps' context, then this step's rows
+    vc = torch.randn(8, bs, n_kv, hd, generator=gen)
+    t = sum(q_lens)
+    q = torch.randn(t, n_q, hd, generator=gen) * 4
+    k, v = torch.randn(t, n_kv, hd, generator=gen), torch.randn(t, n_kv, hd, generator=gen)
+    plan = op.plan(q_lens, seq_lens, tables, bs, torch.device("cpu"))
+    slots = torch.tensor(compute_slot_mapping(q_lens, seq_lens, tables, bs))
+    meta = AttentionMetadata(slots, torch.tensor([0, 9, 29, 30], dtype=torch.int32),
+                             torch.tensor(seq_lens, dtype=torch.int32), torch.tensor([[3, 5, 0], [0, 7, 0], [1, 2, 6]],
+                             dtype=torch.int32), max(q_lens), max(seq_lens), plan)
+    out = op(q, k, v, kc, vc, meta, hd**-0.5, 7, 5.0)
+    want = ref.paged_attention_ref(q.double(), kc.double(), vc.double(), meta.block_tables, meta.query_start_loc,
+                                   meta.seq_lens, hd**-0.5, 7, 5.0)
+    assert_close_to_reference(out, want, torch.float32)
