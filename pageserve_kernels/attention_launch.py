@@ -27,7 +27,7 @@ from pageserve_kernels.checks import KernelArgError, next_pow2
 
 MAX_SPLITS = 64
 """The split count is a runtime argument in [1, MAX_SPLITS]; it never selects a new binary."""
-ATTENTION_DO_NOT_SPECIALIZE = ("num_seqs", "num_splits", "stride_bt", "stride_qt", "stride_ot")
+ATTENTION_DO_NOT_SPECIALIZE = ("num_seqs", "num_splits", "stride_bt", "stride_qt", "stride_ot", "window")
 """Integer arguments of the paged-attention kernel that vary while serving (batch size, split count,
 block-table width), or that differ between the engine's strided views and the warm-up's dense
 tensors (token strides, read once per program): no binary per value."""
@@ -104,9 +104,13 @@ def plan_launch(
 
 
 def attention_constexprs(
-    plan: LaunchPlan, n_q: int, n_kv: int, head_dim: int, block_size: int, upcast: bool
+    plan: LaunchPlan, n_q: int, n_kv: int, head_dim: int, block_size: int, upcast: bool,
+    windowed: bool = False, softcapped: bool = False,
 ) -> dict[str, int | bool]:
-    """The compile-time constants of one paged-attention launch (everything else is a runtime value)."""
+    """The compile-time constants of one paged-attention launch (everything else is a runtime value).
+
+    WINDOWED and SOFTCAPPED say whether a layer has a sliding window or a soft-cap at all (their values are
+    runtime arguments): a plain layer's binary carries neither the extra compare nor the tanh."""
     return {
         "HEAD_DIM": head_dim,
         "HEAD_DIM_P": max(16, next_pow2(head_dim)),
@@ -118,6 +122,8 @@ def attention_constexprs(
         "SPLIT_K": plan.num_splits > 1,
         "ONE_Q_BLOCK": plan.one_q_block,
         "UPCAST": upcast,
+        "WINDOWED": windowed,
+        "SOFTCAPPED": softcapped,
     }
 
 

@@ -33,6 +33,8 @@ class DecodeGroup:
     """(G * num_blocks,) int64 physical blocks, request-major; padding repeats a real block."""
     mask: torch.Tensor | None
     """(G, 1, 1, num_blocks * block_size) bool, True = attend; None when nothing is padded."""
+    seq_lens: torch.Tensor | None = None
+    """(G, 1, 1, 1) int64 each request's length: a sliding window's mask is built from it per layer."""
 
 
 @dataclass(frozen=True)
@@ -239,7 +241,8 @@ def _decode_group(
         slice(rows[0], rows[0] + len(rows)) if contiguous else torch.tensor(rows, dtype=torch.int64, device=device)
     )
     block_index = torch.tensor(index, dtype=torch.int64, device=device)
-    return DecodeGroup(row_sel, len(rows), nb, block_index, mask)
+    lens_t = torch.tensor(seq_lens, dtype=torch.int64, device=device).view(len(rows), 1, 1, 1)
+    return DecodeGroup(row_sel, len(rows), nb, block_index, mask, lens_t)
 
 
 def _chunk(

@@ -26,6 +26,13 @@ variants (`VARIANTS`), each compiled in where the host has its instructions:
                tile, an online softmax whose state each request's own blocks then continue)
   avx512_bf16  as avx512, the bfloat16 scores by AVX512-BF16's dot-product instruction
 The K pass's prefetches run on into the V pass's first blocks.
+
+A layer with a sliding window (`window` > 0) starts each request at the block holding its first key inside
+the window and never reads the blocks before it (that is the point: a long context costs a windowed layer
+only its window); the keys of that first block before the window get probability 0. A soft-capped layer
+(`softcap` > 0, Gemma 2) caps the scores (csrc/softcap.h) before the softmax, including in the shared-prefix
+tiles; a windowed call plans no shared-prefix tiles (the window skips a long request's leading blocks).
+Both are tested once per task, so a plain layer's loops are unchanged.
 The variant is chosen once per dtype and shape by timing the ones that apply
 (pageserve_kernels/choice.py: cached per host; PAGESERVE_KERNEL_CHOICE=decode_attention=avx2
 forces one).
@@ -56,7 +63,8 @@ class NativeDecode:
 
     def __init__(self, lib: ctypes.CDLL) -> None:
         p, i = ctypes.c_void_p, ctypes.c_int64
-        argtypes = [p, p, p, p, p, p, i, p, i, i, i, i, i, ctypes.c_float, i, ctypes.c_int, i, ctypes.c_int]
+        argtypes = [p, p, p, p, p, p, i, p, i, i, i, i, i, ctypes.c_float, i, ctypes.c_int, i, ctypes.c_int, i,
+                    ctypes.c_float]
         self._fns = {}
         for dtype, name in ((torch.float32, "paged_decode_f32"), (torch.bfloat16, "paged_decode_bf16")):
             fn = getattr(lib, name)
@@ -120,6 +128,8 @@ class NativeDecode:
         max_seq_len: int,
         scale: float,
         variant: str | None = None,  # None: the picked one
+        window: int = 0,  # > 0: each row sees its last `window` keys, read from the first block holding one
+        softcap: float = 0.0,  # > 0: scores capped to softcap * tanh(score / softcap) (reference.py)
     ) -> None:
         n_q, hd = query.shape[1], query.shape[2]
         bs, n_kv = key_cache.shape[1], key_cache.shape[2]
@@ -136,7 +146,7 @@ class NativeDecode:
         self._fns[query.dtype](
             query.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(), out.data_ptr(), rows.data_ptr(),
             block_tables.data_ptr(), block_tables.shape[1], seq_lens.data_ptr(), rows.shape[0], n_q, n_kv, hd, bs,
-            scale, max_seq_len, torch.get_num_threads(), query.stride(0), isa,
+            scale, max_seq_len, torch.get_num_threads(), query.stride(0), isa, window, softcap,
         )
 
 

@@ -18,7 +18,10 @@ place through the block table, 16 keys at a time:
 
 Query token t of a chunk sits at position context_len + t and sees keys 0 ..
 context_len + t (its own K/V is already in the cache: the engine writes a step's
-K/V before attending). Results equal softmax(q K^T * scale) V up to float32
+K/V before attending); with a sliding window (`window` > 0) only its last `window` of them: a tile's
+key loop starts at its first query's first key, and each row masks the keys before its own (a lower
+lane bound in online_softmax). `softcap` > 0 caps each block's scores (csrc/softcap.h) before the mask.
+A plain layer's tiles are compiled with both at 0 (one branch a task). Results equal softmax(q K^T * scale) V up to float32
 rounding (summation order differs from PyTorch's). bfloat16 tensors are widened to
 float32 as the tiles are copied (the copy happens for float32 too), everything runs in
 float32 and each output is rounded to bfloat16 once: on an AMD EPYC with AVX512-BF16,
@@ -57,7 +60,7 @@ class NativePrefill:
     def __init__(self, lib: ctypes.CDLL) -> None:
         p, i = ctypes.c_void_p, ctypes.c_int64
         self._fns = {torch.float32: lib.prefill_attention_f32, torch.bfloat16: lib.prefill_attention_bf16}
-        args = [p, i, p, p, p, p, p, p, p, i, i, i, i, i, i, ctypes.c_float, ctypes.c_int]
+        args = [p, i, p, p, p, p, p, p, p, i, i, i, i, i, i, ctypes.c_float, ctypes.c_int, i, ctypes.c_float]
         for dtype, fn in self._fns.items():  # the bfloat16 entry takes one more: dot_products
             fn.restype, fn.argtypes = None, args + ([ctypes.c_int] if dtype == torch.bfloat16 else [])
         lib.prefill_attention_has_amx.restype = ctypes.c_int
@@ -84,6 +87,8 @@ class NativePrefill:
         context_lens: torch.Tensor,  # (C,) int64 tokens cached before each chunk
         block_tables: torch.Tensor,  # (C, max_blocks) int64 contiguous
         scale: float,
+        window: int = 0,  # > 0: a query at position p sees keys p - window + 1 .. p (tiles before never read)
+        softcap: float = 0.0,  # > 0: scores capped to softcap * tanh(score / softcap) (reference.py)
     ) -> None:
         n_q, hd = query.shape[1], query.shape[2]
         bs, n_kv = key_cache.shape[1], key_cache.shape[2]
@@ -94,7 +99,7 @@ class NativePrefill:
         self._fns[query.dtype](query.data_ptr(), query.stride(0), key_cache.data_ptr(), value_cache.data_ptr(), out.data_ptr(),
                  starts.data_ptr(), lens.data_ptr(), context_lens.data_ptr(), block_tables.data_ptr(),
                  block_tables.shape[1], starts.shape[0], n_q, n_kv, hd, bs, scale, torch.get_num_threads(),
-                 *((int(self.dot_products),) if query.dtype == torch.bfloat16 else ()))
+                 window, softcap, *((int(self.dot_products),) if query.dtype == torch.bfloat16 else ()))
 
 
 def supports(dtype: torch.dtype, head_dim: int) -> bool:

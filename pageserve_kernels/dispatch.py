@@ -10,7 +10,8 @@ Chosen once at engine start by `select_backend(choice, device)`:
                                run every kernel in the Python interpreter)
     "torch"  any      torch
 
-Every backend has the same call signatures, those of pageserve_kernels/reference.py, with
+Every backend has the same call signatures, those of pageserve_kernels/reference.py (paged_attention's
+`window` and `softcap` included: a layer's sliding window and logit soft-cap, 0 for none), with
 two extensions: paged_attention takes optional keyword hints `max_query_len` and
 `max_seq_len` (host ints that spare the Triton launcher a device sync; the torch
 path ignores them), and copy_blocks copies in every layer at once (a list of
@@ -29,7 +30,7 @@ from typing import Literal, Protocol
 import torch
 
 from pageserve_kernels import reference
-from pageserve_kernels.checks import interpreting
+from pageserve_kernels.checks import check_window_softcap, interpreting
 
 BackendChoice = Literal["auto", "torch", "triton"]
 BACKEND_CHOICES: tuple[str, ...] = ("auto", "torch", "triton")
@@ -49,6 +50,8 @@ class PagedAttentionFn(Protocol):
         query_start_loc: torch.Tensor,  # (B + 1,) int32
         seq_lens: torch.Tensor,  # (B,) int32
         scale: float,
+        window: int = 0,
+        softcap: float = 0.0,
         *,
         max_query_len: int | None = None,
         max_seq_len: int | None = None,
@@ -101,11 +104,14 @@ def _torch_backend() -> AttentionBackend:
         query_start_loc: torch.Tensor,
         seq_lens: torch.Tensor,
         scale: float,
+        window: int = 0,
+        softcap: float = 0.0,
         *,
         max_query_len: int | None = None,
         max_seq_len: int | None = None,
     ) -> torch.Tensor:
-        return paged(query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, scale)
+        check_window_softcap(window, softcap)
+        return paged(query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, scale, window, softcap)
 
     return AttentionBackend("torch", paged_attention, write, copy_blocks_torch)
 

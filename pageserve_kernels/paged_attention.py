@@ -43,16 +43,7 @@ from pageserve_kernels.attention_launch import (
     plan_launch,
 )
 from pageserve_kernels.bf16 import store_cast
-from pageserve_kernels.checks import (
-    FLOAT_DTYPES,
-    KernelArgError,
-    check_device,
-    check_dim,
-    check_dtype,
-    check_int_index,
-    check_last_contiguous,
-    upcast_dots,
-)
+from pageserve_kernels.checks import KernelArgError, check_paged_attention_args, upcast_dots
 from pageserve_kernels.merge_splits import merge_splits
 
 LOG2E = 1.4426950408889634
@@ -96,15 +87,20 @@ def _attend_tiles(
     stride_vb,
     stride_vs,
     kv_len,  # keys at positions >= kv_len are never read
+    kv_lo,  # with WINDOWED, nor those < kv_lo (before the first row's window), though a tile may hold some
     tile_lo,
     tile_hi,
     qk_scale,
+    window,  # with WINDOWED, a row at position p sees keys p - window + 1 .. p
+    softcap,  # with SOFTCAPPED, natural-log scores x become softcap * tanh(x / softcap)
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_P: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     TILE_N: tl.constexpr,
     UPCAST: tl.constexpr,
+    WINDOWED: tl.constexpr,
+    SOFTCAPPED: tl.constexpr,
 ):
     """Online softmax over key tiles [tile_lo, tile_hi): (unnormalised acc, row sums, row maxima)."""
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -116,6 +112,8 @@ def _attend_tiles(
     for tile in range(tile_lo, tile_hi):
         pos = tile * TILE_N + offs_n  # (TILE_N,) key positions; a tile may span several blocks
         pos_ok = pos < kv_len
+        if WINDOWED:
+            pos_ok = pos_ok & (pos >= kv_lo)
         block = tl.load(table + pos // BLOCK_SIZE, mask=pos_ok, other=0).to(tl.int64)
         in_block = pos % BLOCK_SIZE
         k_off = block * stride_kb + in_block * stride_ks  # (TILE_N,)
@@ -126,7 +124,11 @@ def _attend_tiles(
         v = tl.load(v_head_ptr + v_off[:, None] + d[None, :], mask=v_mask, other=0.0)  # (TILE_N, HEAD_DIM_P)
 
         s = _dot(q, k, UPCAST) * qk_scale  # (BLOCK_M, TILE_N), base-2 logits
+        if SOFTCAPPED:  # s = x * log2(e): softcap * tanh(x / softcap) * log2(e), tanh(y) = 1 - 2 / (e^2y + 1)
+            s = (softcap * 1.4426950408889634) * (1.0 - 2.0 / (tl.math.exp2(s * (2.0 / softcap)) + 1.0))
         visible = (pos[None, :] <= q_pos[:, None]) & pos_ok[None, :]
+        if WINDOWED:
+            visible = visible & (pos[None, :] > q_pos[:, None] - window)
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         # A row that has seen no visible key yet keeps m = -inf; shift it by 0, not by -inf.
@@ -182,6 +184,8 @@ def _paged_attention_kernel(
     query_start_loc_ptr,  # (B + 1,)
     seq_lens_ptr,  # (B,)
     qk_scale,  # softmax scale * log2(e): the kernel works in base 2
+    window,  # > 0 with WINDOWED: each query sees its last `window` keys
+    softcap,  # > 0 with SOFTCAPPED: scores capped before the mask (reference.py)
     num_seqs,
     num_splits,  # runtime: any value in [1, MAX_SPLITS] uses the same binary
     stride_qt,
@@ -206,6 +210,8 @@ def _paged_attention_kernel(
     SPLIT_K: tl.constexpr,  # num_splits > 1: write partial results for merge_splits
     ONE_Q_BLOCK: tl.constexpr,
     UPCAST: tl.constexpr,  # interpreting bf16: widen dot operands, round stores by hand
+    WINDOWED: tl.constexpr,  # window > 0 (a plain layer's binary has no window compare)
+    SOFTCAPPED: tl.constexpr,  # softcap > 0 (nor any tanh)
 ):
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -226,17 +232,22 @@ def _paged_attention_kernel(
         HEAD_DIM, HEAD_DIM_P, GROUP, BLOCK_M, BLOCK_Q,
     )  # fmt: skip
 
-    # Causality bounds the keys this query block can see; the split takes its share.
+    # Causality bounds the keys this query block can see, and a window the first of them (tiles wholly
+    # before the block's first query's window are never read); the split takes its share.
     kv_len = ctx_len + tl.minimum((q_block + 1) * BLOCK_Q, q_len)
     n_tiles = tl.cdiv(kv_len, TILE_N)
-    tiles_per_split = tl.cdiv(n_tiles, num_splits)
-    tile_lo = split * tiles_per_split
+    kv_lo = 0
+    if WINDOWED:
+        kv_lo = tl.maximum(ctx_len + q_block * BLOCK_Q - window + 1, 0)
+    first_tile = kv_lo // TILE_N
+    tiles_per_split = tl.cdiv(n_tiles - first_tile, num_splits)
+    tile_lo = first_tile + split * tiles_per_split
     tile_hi = tl.minimum(tile_lo + tiles_per_split, n_tiles)
     table = block_tables_ptr + seq.to(tl.int64) * stride_bt
     acc, l_i, m_i = _attend_tiles(
         q, q_pos, table, k_cache_ptr + kv_head * stride_kh, v_cache_ptr + kv_head * stride_vh,
-        stride_kb, stride_ks, stride_vb, stride_vs, kv_len, tile_lo, tile_hi, qk_scale,
-        HEAD_DIM, HEAD_DIM_P, BLOCK_M, BLOCK_SIZE, TILE_N, UPCAST,
+        stride_kb, stride_ks, stride_vb, stride_vs, kv_len, kv_lo, tile_lo, tile_hi, qk_scale, window, softcap,
+        HEAD_DIM, HEAD_DIM_P, BLOCK_M, BLOCK_SIZE, TILE_N, UPCAST, WINDOWED, SOFTCAPPED,
     )  # fmt: skip
 
     _store_rows(
@@ -281,49 +292,6 @@ def _store_rows(
         tl.store(part_lse_ptr + part_row, lse, mask=row_ok)
 
 
-def _check_args(
-    query: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    seq_lens: torch.Tensor,
-) -> None:
-    check_dim("query", query, 3)
-    check_dim("key_cache", key_cache, 4)
-    check_dtype("query", query, FLOAT_DTYPES)
-    for name, cache in (("key_cache", key_cache), ("value_cache", value_cache)):
-        if cache.shape != key_cache.shape or cache.dtype != query.dtype:
-            raise KernelArgError(name, f"{tuple(cache.shape)} {cache.dtype} does not match query/key_cache")
-        check_last_contiguous(name, cache)
-    check_last_contiguous("query", query)
-    n_q, head_dim = query.shape[1], query.shape[2]
-    n_kv = key_cache.shape[2]
-    if key_cache.shape[3] != head_dim:
-        raise KernelArgError("key_cache", f"head_dim {key_cache.shape[3]} != query head_dim {head_dim}")
-    if n_q % n_kv != 0:
-        raise KernelArgError("query", f"{n_q} query heads are not a multiple of {n_kv} KV heads")
-    check_int_index("block_tables", block_tables, 2)
-    check_int_index("query_start_loc", query_start_loc, 1)
-    check_int_index("seq_lens", seq_lens, 1)
-    batch = block_tables.shape[0]
-    if query_start_loc.shape[0] != batch + 1 or seq_lens.shape[0] != batch:
-        raise KernelArgError("query_start_loc", f"need B + 1 = {batch + 1} entries and seq_lens B")
-    if block_tables.stride(1) != 1 or not query_start_loc.is_contiguous() or not seq_lens.is_contiguous():
-        raise KernelArgError("block_tables", "index tensors must be contiguous along their last dim")
-    for name, t in (("query", query), ("key_cache", key_cache), ("value_cache", value_cache)):
-        check_device(name, t)
-        if t.device != query.device:
-            raise KernelArgError(name, f"on {t.device}, query on {query.device}")
-    for name, t in (
-        ("block_tables", block_tables),
-        ("query_start_loc", query_start_loc),
-        ("seq_lens", seq_lens),
-    ):
-        if t.device != query.device:
-            raise KernelArgError(name, f"on {t.device}, query on {query.device}")
-
-
 def paged_attention(
     query: torch.Tensor,  # (T, n_q, hd)
     key_cache: torch.Tensor,  # (num_blocks, block_size, n_kv, hd)
@@ -332,6 +300,8 @@ def paged_attention(
     query_start_loc: torch.Tensor,  # (B + 1,) int32
     seq_lens: torch.Tensor,  # (B,) int32
     scale: float,
+    window: int = 0,
+    softcap: float = 0.0,
     *,
     max_query_len: int | None = None,
     max_seq_len: int | None = None,
@@ -341,17 +311,16 @@ def paged_attention(
     num_stages: int = 3,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:  # (T, n_q, hd)
-    """Attention of every query token over its request's cached keys, causally.
+    """Attention of every query token over its request's cached keys, causally (`window`, `softcap`: reference.py).
 
-    Pass max_query_len and max_seq_len when the caller knows them (the runner
-    does): otherwise they are read from the device tensors, a host sync.
-    num_splits, tile_n, num_warps and num_stages override the heuristics
-    (tests, and tuning with ops/bench/kernels/attention.py on a GPU).
+    Pass max_query_len and max_seq_len when the caller knows them (the runner does): otherwise they are
+    read from the device tensors, a host sync. num_splits, tile_n, num_warps and num_stages override the
+    heuristics (tests, and tuning with ops/bench/kernels/attention.py on a GPU).
     """
-    _check_args(query, key_cache, value_cache, block_tables, query_start_loc, seq_lens)
+    check_paged_attention_args(query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, window,
+                               softcap)
     num_tokens, n_q, head_dim = query.shape
-    block_size, n_kv = key_cache.shape[1], key_cache.shape[2]
-    batch = block_tables.shape[0]
+    block_size, n_kv, batch = key_cache.shape[1], key_cache.shape[2], block_tables.shape[0]
     if out is None:
         out = torch.empty_like(query)
     elif out.shape != query.shape or out.dtype != query.dtype or out.stride(-1) != 1:
@@ -362,7 +331,6 @@ def paged_attention(
         max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max())
     if max_seq_len is None:
         max_seq_len = int(seq_lens.max())
-
     plan = plan_launch(
         num_tokens, batch, n_q, n_kv, head_dim, max_query_len, max_seq_len, query.device,
         num_splits=num_splits, tile_n=tile_n, num_warps=num_warps,
@@ -370,15 +338,14 @@ def paged_attention(
     num_splits = plan.num_splits
     part_out = part_lse = out  # placeholders the kernel never touches without SPLIT_K
     if num_splits > 1:
-        part_out = torch.empty(
-            num_tokens, n_q, num_splits, head_dim, dtype=torch.float32, device=query.device
-        )
+        part_out = torch.empty(num_tokens, n_q, num_splits, head_dim, dtype=torch.float32, device=query.device)
         part_lse = torch.empty(num_tokens, n_q, num_splits, dtype=torch.float32, device=query.device)
-    consts = attention_constexprs(plan, n_q, n_kv, head_dim, block_size, upcast_dots(query.dtype))
+    consts = attention_constexprs(plan, n_q, n_kv, head_dim, block_size, upcast_dots(query.dtype),
+                                  windowed=window > 0, softcapped=softcap > 0)
     ints = attention_int_args(query, out, key_cache, value_cache, block_tables, num_splits)
     _paged_attention_kernel[(plan.grid0, n_kv, num_splits)](
         out, part_out, part_lse, query, key_cache, value_cache,
-        block_tables, query_start_loc, seq_lens, scale * LOG2E,
+        block_tables, query_start_loc, seq_lens, scale * LOG2E, window, float(softcap),
         **ints, **consts, num_warps=plan.num_warps, num_stages=num_stages,
     )  # fmt: skip
     if num_splits > 1:

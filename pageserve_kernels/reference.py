@@ -13,7 +13,8 @@ position p lives in slot  block_table[p // block_size] * block_size + p % block_
 A batch is flat: T query tokens from B requests, request b owning rows
 query_start_loc[b] : query_start_loc[b + 1]. seq_lens[b] counts every token of
 request b in the cache after this step's write, so its queries sit at positions
-seq_lens[b] - q_len_b ... seq_lens[b] - 1 and attend causally to all earlier ones.
+seq_lens[b] - q_len_b ... seq_lens[b] - 1 and attend causally to all earlier ones (with a
+sliding window, to the last `window` of them; transformers' semantics, see paged_attention_ref).
 These functions are slow on purpose (one request at a time); tests compare the
 Triton kernels and the fast CPU path against them.
 """
@@ -55,7 +56,12 @@ def paged_attention_ref(
     query_start_loc: torch.Tensor,  # (B + 1,) int32
     seq_lens: torch.Tensor,  # (B,) int32
     scale: float,
+    window: int = 0,
+    softcap: float = 0.0,
 ) -> torch.Tensor:  # (T, n_q, hd)
+    """`window` > 0: a query at position p sees keys k with p - window < k <= p (transformers'
+    sliding window, `kv_idx > q_idx - sliding_window`); 0 sees every earlier key. `softcap` > 0: the
+    scaled scores become softcap * tanh(score / softcap) before the mask (Gemma 2); 0 leaves them."""
     out = torch.empty_like(query)
     n_q, n_kv = query.shape[1], key_cache.shape[2]
     group = n_q // n_kv
@@ -72,7 +78,12 @@ def paged_attention_ref(
         scores = torch.einsum("lhd,shd->hls", q, k) * scale  # (n_q, L, S)
         q_pos = torch.arange(seq_len - (q1 - q0), seq_len, device=query.device)
         k_pos = torch.arange(seq_len, device=query.device)
-        scores = scores.masked_fill(k_pos[None, None, :] > q_pos[None, :, None], float("-inf"))
+        if softcap > 0:
+            scores = softcap * torch.tanh(scores.float() / softcap)
+        hidden = k_pos[None, :] > q_pos[:, None]  # (L, S) causal
+        if window > 0:
+            hidden |= k_pos[None, :] <= q_pos[:, None] - window
+        scores = scores.masked_fill(hidden[None], float("-inf"))
         probs = torch.softmax(scores.float(), dim=-1).to(query.dtype)
         out[q0:q1] = torch.einsum("hls,shd->lhd", probs, v)
     return out

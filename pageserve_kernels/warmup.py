@@ -14,6 +14,10 @@ strides are what the binary specialises on):
     warm_up_kernels(caches, ...)  -> launches them, write_kv and copy_blocks once;
                                      returns the variants, for the start-up log
 
+A model whose layers have sliding windows or soft-caps names the kinds it uses (`kinds`: (window, softcap)
+pairs, (0, 0.0) a plain layer): windowed and soft-capped layers run binaries of their own (attention_launch.py's
+WINDOWED and SOFTCAPPED), the values themselves are runtime arguments.
+
 The warm-up writes into block 0 of the cache: it runs before any request, so
 nothing there is live. This file knows nothing about models or scheduling.
 """
@@ -72,13 +76,16 @@ def attention_variant_of(
     max_seq_len: int,
     num_splits: int | None = None,
     num_stages: int = 3,
+    window: int = 0,
+    softcap: float = 0.0,
 ) -> KernelVariant:
     """The binary paged_attention would run for these arguments (no launch, no device access)."""
     num_tokens, n_q, head_dim = query.shape
     n_kv = key_cache.shape[2]
     plan = plan_launch(num_tokens, block_tables.shape[0], n_q, n_kv, head_dim, max_query_len, max_seq_len,
                        query.device if query.device.type == "cuda" else CPU, num_splits=num_splits)
-    consts = attention_constexprs(plan, n_q, n_kv, head_dim, key_cache.shape[1], upcast_dots(query.dtype))
+    consts = attention_constexprs(plan, n_q, n_kv, head_dim, key_cache.shape[1], upcast_dots(query.dtype),
+                                  windowed=window > 0, softcapped=softcap > 0)
     out = torch.empty_like(query)
     ints = attention_int_args(query, out, key_cache, value_cache, block_tables, plan.num_splits)
     return kernel_variant("paged_attention", consts, ints, ATTENTION_DO_NOT_SPECIALIZE, plan.num_warps,
@@ -104,13 +111,19 @@ def _warmup_launches(
     return launches
 
 
+PLAIN = ((0, 0.0),)
+"""A model without sliding windows or soft-caps: every layer attends causally to every key."""
+
+
 def warmup_variants(
-    key_cache: torch.Tensor, value_cache: torch.Tensor, n_q: int, max_query_len: int
+    key_cache: torch.Tensor, value_cache: torch.Tensor, n_q: int, max_query_len: int,
+    kinds: tuple[tuple[int, float], ...] = PLAIN,
 ) -> list[KernelVariant]:
     """The paged-attention variants warm_up_kernels compiles (computed, nothing launched)."""
     variants = {
-        attention_variant_of(q, k, v, tables, **hints)
+        attention_variant_of(q, k, v, tables, **hints, window=window, softcap=softcap)
         for (q, k, v, tables, _, _), hints in _warmup_launches(key_cache, value_cache, n_q, max_query_len)
+        for window, softcap in kinds
     }
     return sorted(variants, key=lambda v: v.describe())
 
@@ -120,16 +133,19 @@ def warm_up_kernels(
     value_cache: torch.Tensor,
     n_q: int,
     max_query_len: int,
+    kinds: tuple[tuple[int, float], ...] = PLAIN,
 ) -> list[KernelVariant]:
-    """Launch every Triton variant once; returns the paged-attention variants compiled."""
+    """Launch every Triton variant once (for each (window, softcap) kind of layer); returns the
+    paged-attention variants compiled."""
     from pageserve_kernels.copy_blocks import copy_blocks
     from pageserve_kernels.paged_attention import paged_attention
     from pageserve_kernels.write_kv import write_kv
 
     for args, hints in _warmup_launches(key_cache, value_cache, n_q, max_query_len):
-        paged_attention(*args, 1.0, **hints)
+        for window, softcap in kinds:
+            paged_attention(*args, 1.0, window, softcap, **hints)
     n_kv, head_dim, device = key_cache.shape[2], key_cache.shape[3], key_cache.device
     kv = torch.zeros(1, n_kv, head_dim, dtype=key_cache.dtype, device=device)
     write_kv(kv, kv, key_cache, value_cache, torch.full((1,), -1, dtype=torch.int64, device=device))
     copy_blocks([key_cache, value_cache], torch.zeros(1, 2, dtype=torch.int64, device=device))
-    return warmup_variants(key_cache, value_cache, n_q, max_query_len)
+    return warmup_variants(key_cache, value_cache, n_q, max_query_len, kinds)

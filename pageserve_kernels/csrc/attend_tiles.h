@@ -35,12 +35,13 @@ INLINE void move_maximum(float bm, float *restrict mx, float *restrict sums, flo
     *mx = bm;
 }
 
-/* One row's block of 16 scores sr (keys past `seen` masked) into the online softmax: sr becomes
-   exp(score - max), zero where masked, and is added lane by lane to the row's 16 partial sums. */
-INLINE void online_softmax(float *restrict sr, int64_t seen, float *restrict mx, float *restrict sums,
+/* One row's block of 16 scores sr (keys before `lo` and from `seen` on masked: lo > 0 only for a sliding
+   window's first block) into the online softmax: sr becomes exp(score - max), zero where masked, and is
+   added lane by lane to the row's 16 partial sums. Needs lo < seen. */
+INLINE void online_softmax(float *restrict sr, int64_t lo, int64_t seen, float *restrict mx, float *restrict sums,
                            float *restrict o, int64_t hd) {
 #if defined(__AVX512F__)
-    const __mmask16 valid = first_lanes(seen);
+    const __mmask16 valid = first_lanes(seen) & (__mmask16)~first_lanes(lo);
     const __m512 v = _mm512_loadu_ps(sr);
     if (_mm512_mask_cmp_ps_mask(valid, v, _mm512_set1_ps(*mx + RESCALE_ABOVE), _CMP_GT_OQ))
         move_maximum(_mm512_mask_reduce_max_ps(valid, v), mx, sums, o, hd);
@@ -49,13 +50,14 @@ INLINE void online_softmax(float *restrict sr, int64_t seen, float *restrict mx,
     _mm512_storeu_ps(sums, _mm512_add_ps(_mm512_loadu_ps(sums), e));
 #else
     const __m256 n = _mm256_set1_ps((float)seen), lanes = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
-    const __m256 valid[2] = {_mm256_cmp_ps(lanes, n, _CMP_LT_OQ),
-                             _mm256_cmp_ps(_mm256_add_ps(lanes, _mm256_set1_ps(8.f)), n, _CMP_LT_OQ)};
+    const __m256 first = _mm256_set1_ps((float)lo), lanes8 = _mm256_add_ps(lanes, _mm256_set1_ps(8.f));
+    const __m256 valid[2] = {_mm256_and_ps(_mm256_cmp_ps(lanes, n, _CMP_LT_OQ), _mm256_cmp_ps(lanes, first, _CMP_GE_OQ)),
+                             _mm256_and_ps(_mm256_cmp_ps(lanes8, n, _CMP_LT_OQ), _mm256_cmp_ps(lanes8, first, _CMP_GE_OQ))};
     const __m256 v[2] = {_mm256_loadu_ps(sr), _mm256_loadu_ps(sr + 8)}, above = _mm256_set1_ps(*mx + RESCALE_ABOVE);
     if (_mm256_movemask_ps(_mm256_and_ps(valid[0], _mm256_cmp_ps(v[0], above, _CMP_GT_OQ))) |
         _mm256_movemask_ps(_mm256_and_ps(valid[1], _mm256_cmp_ps(v[1], above, _CMP_GT_OQ)))) {
-        float bm = sr[0];
-        for (int64_t j = 1; j < seen; j++) bm = sr[j] > bm ? sr[j] : bm;
+        float bm = sr[lo];
+        for (int64_t j = lo + 1; j < seen; j++) bm = sr[j] > bm ? sr[j] : bm;
         move_maximum(bm, mx, sums, o, hd);
     }
     const __m256 m = _mm256_set1_ps(*mx);

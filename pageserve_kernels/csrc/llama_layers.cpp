@@ -33,10 +33,10 @@ using StoreKv = int64_t (*)(const char*, int64_t, const char*, int64_t, char*, c
                             int64_t, int64_t);
 using PagedDecode = void (*)(const void*, const void*, const void*, void*, const int64_t*, const int64_t*, int64_t,
                              const int64_t*, int64_t, int64_t, int64_t, int64_t, int64_t, float, int64_t, int,
-                             int64_t, int);
+                             int64_t, int, int64_t, float);  // ..., window, softcap: 0, 0 (plain Llama layers)
 using Gemm = void (*)(const void*, int64_t, const void*, const void*, void*, int64_t, int64_t, int64_t, int);
 #define PREFILL_ARGS const void*, int64_t, const void*, const void*, void*, const int64_t*, const int64_t*, \
-    const int64_t*, const int64_t*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float, int
+    const int64_t*, const int64_t*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float, int, int64_t, float
 using PrefillF32 = void (*)(PREFILL_ARGS);
 using PrefillBf16 = void (*)(PREFILL_ARGS, int);  // and whether to use AVX512-BF16 dot products
 
@@ -124,7 +124,7 @@ void prefill(const Step& s, const char* q, int64_t row, const at::Tensor& key_ca
         fn(q, row, key_cache.data_ptr(), value_cache.data_ptr(), s.attn_out.data_ptr(), s.starts.data_ptr<int64_t>(),
            s.lens.data_ptr<int64_t>(), s.context_lens.data_ptr<int64_t>(), s.chunk_tables.data_ptr<int64_t>(),
            s.chunk_tables.size(1), s.starts.size(0), d.n_q, d.n_kv, d.hd, key_cache.size(1), s.scale, s.threads,
-           extra...);
+           int64_t{0}, 0.f, extra...);  // no window, no soft-cap: this loop serves plain Llama layers only
     };
     s.time(PREFILL, [&] {
         if (d.dot_products < 0) args(reinterpret_cast<PrefillF32>(s.k.prefill));
@@ -191,7 +191,7 @@ const at::Tensor& attend(const Step& s, at::Tensor& qkv, at::Tensor& key_cache, 
         s.k.decode(base, key_cache.data_ptr(), value_cache.data_ptr(), s.attn_out.data_ptr(),
                    s.rows.data_ptr<int64_t>(), s.tables.data_ptr<int64_t>(), s.tables.size(1),
                    s.seq_lens.data_ptr<int64_t>(), s.rows.size(0), d.n_q, d.n_kv, d.hd, key_cache.size(1), s.scale,
-                   s.max_seq, s.threads, row, (int)d.isa);
+                   s.max_seq, s.threads, row, (int)d.isa, int64_t{0}, 0.f);  // no window, no soft-cap
     });
     if (s.starts.numel() && s.k.prefill != nullptr) prefill(s, base, row, key_cache, value_cache);
     else if (s.starts.numel()) sdpa_prompts(s, qkv, key_cache, value_cache);

@@ -11,6 +11,7 @@
 #define HAVE_AVX2 0
 #endif
 #include "bf16_elem.h" /* INLINE, bfloat16 conversions, load1/store1 */
+#include "softcap.h"   /* cap_scores */
 
 /* The loop variants, chosen per call (cpu_decode.py picks one by timing those this build has).
    The kernel is compiled with -march=native on the host that runs it, so what the compiler may
@@ -185,19 +186,25 @@ INLINE float row_softmax(float* sc, int64_t n, float* acc, int64_t hd, const Pre
    thread busy), block by block from t->first, so each block's heads are read as one contiguous run; `next`
    is the task this thread takes after it (NULL: none), whose first K blocks the V pass's prefetches reach.
    `prior`: the state after the blocks before t->first (request b's rows), or NULL when there are none.
-   qf, acc: (grp * nh, hd) scratch; scores: (grp * nh, S) scratch. */
+   qf, acc: (grp * nh, hd) scratch; scores: (grp * nh, S) scratch. `window` > 0: the row sees only its last
+   `window` keys (t->first is then no earlier than the block holding the first of them: task_at), and the
+   keys of that block before them get probability 0; `softcap` > 0: scores capped (softcap.h) first. */
 INLINE void decode_task(const Task* t, const Task* next, const void* q, const void* kc, const void* vc, void* out,
-                        int64_t row, int64_t b, const PrefixState* prior, float scale, int64_t q_stride, float* qf,
-                        float* acc, float* scores, int isa) {
+                        int64_t row, int64_t b, const PrefixState* prior, float scale, int64_t window, float softcap,
+                        int64_t q_stride, float* qf, float* acc, float* scores, int isa) {
     const int64_t grp = t->grp, hd = t->hd, S = t->S, rows = grp * t->nh, s_first = t->first * t->bs;
+    const int64_t s_win = window > 0 && S - window > s_first ? S - window : s_first; /* first key seen */
     const int bf16 = t->bf16, mode = !bf16 ? DOT_F32 : isa == ISA_AVX512_BF16 ? DOT_BF16_DP : DOT_BF16_SPLIT;
     prepare_query(q, row * q_stride + t->h0 * grp * hd, rows, hd, scale, qf, bf16, isa >= ISA_AVX512, mode);
     for (int64_t r = 0; r < rows * hd; r++) acc[r] = 0.f;
     score_blocks(t, qf, kc, vc, scores, scale, isa, mode);
     float inv_sum[rows];
-    for (int64_t r = 0; r < rows; r++)
-        inv_sum[r] = row_softmax(scores + r * S + s_first, S - s_first, acc + r * hd, hd, prior,
+    for (int64_t r = 0; r < rows; r++) {
+        if (softcap > 0.f) cap_scores(scores + r * S + s_win, S - s_win, softcap);
+        inv_sum[r] = row_softmax(scores + r * S + s_win, S - s_win, acc + r * hd, hd, prior,
                                  b * t->n_kv * grp + t->h0 * grp + r, isa);
+        for (int64_t s = s_first; s < s_win; s++) scores[r * S + s] = 0.f; /* before the window: unseen */
+    }
     weigh_values(t, vc, scores, acc, isa, next, kc);
     for (int64_t r = 0; r < rows; r++)
         for (int64_t d = 0; d < hd; d++)
@@ -205,9 +212,13 @@ INLINE void decode_task(const Task* t, const Task* next, const void* q, const vo
 }
 
 /* Task i: request i / n_split, per_task KV heads from (i % n_split) * per_task. */
+/* With a window (> 0), reading starts at the block holding the request's first key inside it: the blocks before
+   are never touched. */
 INLINE Task task_at(int64_t i, const int64_t* tables, int64_t max_blocks, const int64_t* seq_lens, int64_t n_split,
-                    int64_t per_task, int64_t grp, int64_t n_kv, int64_t hd, int64_t bs, int bf16, int64_t first) {
+                    int64_t per_task, int64_t grp, int64_t n_kv, int64_t hd, int64_t bs, int bf16, int64_t first,
+                    int64_t window) {
     const int64_t b = i / n_split;
+    if (window > 0 && seq_lens[b] - window > first * bs) first = (seq_lens[b] - window) / bs;
     Task t = {tables + b * max_blocks, seq_lens[b], (i % n_split) * per_task, per_task, grp, n_kv, hd, bs, bf16,
               0, first, 0};
     t.blocks = (t.S + bs - 1) / bs;
@@ -218,7 +229,7 @@ INLINE Task task_at(int64_t i, const int64_t* tables, int64_t max_blocks, const 
 INLINE void decode_all(const void* q, const void* kc, const void* vc, void* out, const int64_t* rows,
                        const int64_t* tables, int64_t max_blocks, const int64_t* seq_lens, int64_t n_req,
                        int64_t n_q, int64_t n_kv, int64_t hd, int64_t bs, float scale, int64_t max_seq,
-                       int nthreads, int64_t q_stride, int bf16, int isa) {
+                       int nthreads, int64_t q_stride, int64_t window, float softcap, int bf16, int isa) {
     const int64_t grp = n_q / n_kv;
     /* Whole requests stream best; split by KV head only when requests alone leave threads idle. */
     const int64_t per_task = n_req >= 4 * nthreads ? n_kv : 1, n_split = n_kv / per_task;
@@ -231,7 +242,8 @@ INLINE void decode_all(const void* q, const void* kc, const void* vc, void* out,
 #if HAVE_AVX512
     /* Blocks that groups of requests share (a common system prompt) go first, as tiles of their rows. */
     Sharing sharing = {0};
-    if (isa >= ISA_AVX512) /* a tile a task for each KV head: two tasks a thread at least */
+    if (isa >= ISA_AVX512 && window == 0) /* a tile a task for each KV head: two tasks a thread at least;
+                                            none with a window, which starts each request past its own blocks */
         sharing = plan_sharing(tables, max_blocks, seq_lens, n_req, bs, (2 * nthreads + n_kv - 1) / n_kv);
     if (sharing.tiles) {
         first = sharing.first;
@@ -244,20 +256,21 @@ INLINE void decode_all(const void* q, const void* kc, const void* vc, void* out,
 #if HAVE_AVX512
         if (sharing.tiles) /* all threads, then a barrier */
             attend_shared_prefix(q, q_stride, rows, kc, vc, tables, max_blocks, &sharing, grp, n_kv, hd, bs, scale,
-                                 &prior, bf16, isa == ISA_AVX512_BF16);
+                                 &prior, softcap, bf16, isa == ISA_AVX512_BF16);
 #endif
         float* scores = (float*)malloc(sizeof(float) * rows_per_task * (max_seq > 0 ? max_seq : 1));
         float* qf = (float*)malloc(sizeof(float) * rows_per_task * hd);
         float* acc = (float*)malloc(sizeof(float) * rows_per_task * hd);
 #define TASK_AT(i) task_at(i, tables, max_blocks, seq_lens, n_split, per_task, grp, n_kv, hd, bs, bf16, \
-                           first ? first[(i) / n_split] : 0)
+                           first ? first[(i) / n_split] : 0, window)
         int64_t i = __atomic_fetch_add(&claimed, 1, __ATOMIC_RELAXED);
         Task t = i < n_tasks ? TASK_AT(i) : (Task){0};
         while (i < n_tasks) {
             const int64_t j = __atomic_fetch_add(&claimed, 1, __ATOMIC_RELAXED);
             const Task after = j < n_tasks ? TASK_AT(j) : t;
             decode_task(&t, j < n_tasks ? &after : NULL, q, kc, vc, out, rows[i / n_split], i / n_split,
-                        first && first[i / n_split] ? &prior : NULL, scale, q_stride, qf, acc, scores, isa);
+                        first && first[i / n_split] ? &prior : NULL, scale, window, softcap, q_stride, qf, acc,
+                        scores, isa);
             i = j, t = after;
         }
 #undef TASK_AT
@@ -286,9 +299,10 @@ static int usable_isa(int isa, int64_t hd, int bf16) {
 
 #define DECODE_ARGS const void* q, const void* kc, const void* vc, void* out, const int64_t* rows,               \
     const int64_t* tables, int64_t max_blocks, const int64_t* seq_lens, int64_t n_req, int64_t n_q, int64_t n_kv, \
-    int64_t hd, int64_t bs, float scale, int64_t max_seq, int nthreads, int64_t q_stride, int isa
+    int64_t hd, int64_t bs, float scale, int64_t max_seq, int nthreads, int64_t q_stride, int isa, int64_t window, \
+    float softcap
 #define DECODE_CALL q, kc, vc, out, rows, tables, max_blocks, seq_lens, n_req, n_q, n_kv, hd, bs, scale, max_seq, \
-    nthreads, q_stride
+    nthreads, q_stride, window, softcap
 
 void paged_decode_f32(DECODE_ARGS) {
     switch (usable_isa(isa, hd, 0)) {

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "bf16_elem.h"
+#include "softcap.h" /* cap_scores */
 
 #define ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5)
 #define TILE_TOKENS 32
@@ -68,10 +69,13 @@ static void weigh_values(int64_t rows, const float *p, const float *vs, int64_t 
 }
 
 /* One task: query tokens t0 .. t1-1 of a chunk, KV head h. Scratch: qs, o (rows x hd), s (rows x 16),
-   kt (hd x 16), vs (16 x hd), mx (rows), sums (rows x 16: partial sums lane by lane). */
+   kt (hd x 16), vs (16 x hd), mx (rows), sums (rows x 16: partial sums lane by lane). `window` > 0: a query at
+   position p sees keys p - window + 1 .. p, and keys before the tile's first query's window are never read;
+   `softcap` > 0: each block's scores capped (softcap.h) before the mask. */
 INLINE void attend_tile(const void *q, int64_t q_stride, const void *kc, const void *vc, void *out,
                         int64_t start, int64_t context_len, const int64_t *table, int64_t t0, int64_t t1,
                         int64_t h, int64_t grp, int64_t n_kv, int64_t hd, int64_t bs, float scale,
+                        int64_t window, float softcap,
                         float *qs, float *o, float *s, float *kt, float *vs, float *mx, float *sums, int bf16,
                         int dp, uint16_t *vt, uint16_t *pt) {
     const int64_t n_q = n_kv * grp, rows = (t1 - t0) * grp;
@@ -81,7 +85,8 @@ INLINE void attend_tile(const void *q, int64_t q_stride, const void *kc, const v
         start_row(q, (start + t0 + r / grp) * q_stride + (h * grp + r % grp) * hd, r, hd, scale, qs, o, mx, sums,
                   bf16, dp);
     const int64_t last_key = context_len + t1 - 1; /* the tile's last query sees keys 0 .. last_key */
-    for (int64_t s0 = 0; s0 <= last_key; s0 += 16) {
+    const int64_t first_key = window > 0 && context_len + t0 - window + 1 > 0 ? context_len + t0 - window + 1 : 0;
+    for (int64_t s0 = first_key; s0 <= last_key; s0 += 16) {
         const int64_t n = last_key + 1 - s0 < 16 ? last_key + 1 - s0 : 16;
         int64_t slots[16];
         key_slots(table, s0, n, bs, n_kv, h, slots);
@@ -95,12 +100,14 @@ INLINE void attend_tile(const void *q, int64_t q_stride, const void *kc, const v
         else
 #endif
             product(rows, qs, hd, kt, 16, hd, s, 16, 0);
+        if (softcap > 0.f) cap_scores(s, rows * 16, softcap);
         for (int64_t r = 0; r < rows; r++) {
             float *sr = s + r * 16;
             const int64_t pos = context_len + t0 + r / grp; /* this row's query position */
             const int64_t seen = pos - s0 + 1 < n ? pos - s0 + 1 : n; /* keys s0 .. s0+seen-1 visible */
-            if (seen <= 0) memset(sr, 0, 16 * sizeof(float));
-            else online_softmax(sr, seen, mx + r, sums + 16 * r, o + r * hd, hd);
+            const int64_t lo = window > 0 && pos - window + 1 > s0 ? pos - window + 1 - s0 : 0; /* from s0 + lo */
+            if (seen <= lo) memset(sr, 0, 16 * sizeof(float));
+            else online_softmax(sr, lo, seen, mx + r, sums + 16 * r, o + r * hd, hd);
         }
 #if HAVE_AMX
         if (dp == 2) {
@@ -126,7 +133,8 @@ INLINE void attend_tile(const void *q, int64_t q_stride, const void *kc, const v
 INLINE void prefill_attention(const void *q, int64_t q_stride, const void *kc, const void *vc, void *out,
                               const int64_t *starts, const int64_t *lens, const int64_t *context_lens,
                               const int64_t *tables, int64_t max_blocks, int64_t n_chunks, int64_t n_q,
-                              int64_t n_kv, int64_t hd, int64_t bs, float scale, int nthreads, int bf16, int dp) {
+                              int64_t n_kv, int64_t hd, int64_t bs, float scale, int nthreads, int64_t window,
+                              float softcap, int bf16, int dp) {
     const int64_t grp = n_q / n_kv, rows_max = TILE_TOKENS * grp;
     int64_t n_tasks = 0;
     for (int64_t c = 0; c < n_chunks; c++) n_tasks += n_kv * ((lens[c] + TILE_TOKENS - 1) / TILE_TOKENS);
@@ -157,8 +165,13 @@ INLINE void prefill_attention(const void *q, int64_t q_stride, const void *kc, c
             const int64_t j = n_tasks - 1 - k; /* later tiles see more keys: start with them */
             const int64_t c = task[3 * j], t0 = task[3 * j + 1], h = task[3 * j + 2];
             const int64_t t1 = t0 + TILE_TOKENS < lens[c] ? t0 + TILE_TOKENS : lens[c];
-            attend_tile(q, q_stride, kc, vc, out, starts[c], context_lens[c], tables + c * max_blocks, t0, t1, h,
-                        grp, n_kv, hd, bs, scale, qs, o, s, kt, vs, mx, sums, bf16, dp, vt, pt);
+#define ATTEND_TILE(WINDOW, SOFTCAP)                                                                              \
+    attend_tile(q, q_stride, kc, vc, out, starts[c], context_lens[c], tables + c * max_blocks, t0, t1, h, grp, n_kv, \
+                hd, bs, scale, WINDOW, SOFTCAP, qs, o, s, kt, vs, mx, sums, bf16, dp, vt, pt)
+            /* A plain layer's tiles inline with the constants 0: no window or soft-cap test left in their loops. */
+            if (window == 0 && softcap == 0.f) ATTEND_TILE(0, 0.f);
+            else ATTEND_TILE(window, softcap);
+#undef ATTEND_TILE
         }
         free(qs); free(o); free(s); free(kt); free(vs); free(mx); free(sums); free(vt); free(pt);
 #if HAVE_AMX
@@ -169,8 +182,10 @@ INLINE void prefill_attention(const void *q, int64_t q_stride, const void *kc, c
 }
 
 #define PREFILL_ARGS const int64_t *starts, const int64_t *lens, const int64_t *context_lens, const int64_t *tables, \
-    int64_t max_blocks, int64_t n_chunks, int64_t n_q, int64_t n_kv, int64_t hd, int64_t bs, float scale, int nthreads
-#define PREFILL_PASS starts, lens, context_lens, tables, max_blocks, n_chunks, n_q, n_kv, hd, bs, scale, nthreads
+    int64_t max_blocks, int64_t n_chunks, int64_t n_q, int64_t n_kv, int64_t hd, int64_t bs, float scale, int nthreads, \
+    int64_t window, float softcap
+#define PREFILL_PASS starts, lens, context_lens, tables, max_blocks, n_chunks, n_q, n_kv, hd, bs, scale, nthreads, \
+    window, softcap
 
 void prefill_attention_f32(const float *q, int64_t q_stride, const float *kc, const float *vc, float *out, PREFILL_ARGS) {
     prefill_attention(q, q_stride, kc, vc, out, PREFILL_PASS, 0, 0);

@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "attend_tiles.h"
+#include "softcap.h"
 #include "values_avx512.h"
 
 #define TILE_REQUESTS 16
@@ -148,7 +149,7 @@ INLINE void free_prefix_scratch(PrefixScratch* w) {
 INLINE void prefix_tile(const void* q, int64_t q_stride, const int64_t* rows_of, const void* kc, const void* vc,
                         const int64_t* table, int64_t blocks, const int64_t* tile, int64_t count, int64_t h,
                         int64_t grp, int64_t n_kv, int64_t hd, int64_t bs, float scale, PrefixScratch* w,
-                        PrefixState* state, int bf16, int dp) {
+                        PrefixState* state, float softcap, int bf16, int dp) {
     const int64_t rows = count * grp, n_q = n_kv * grp, keys = blocks * bs;
     for (int64_t r = 0; r < rows; r++)
         start_row(q, rows_of[tile[r / grp]] * q_stride + (h * grp + r % grp) * hd, r, hd, scale, w->qs, w->o, w->mx,
@@ -163,7 +164,8 @@ INLINE void prefix_tile(const void* q, int64_t q_stride, const int64_t* rows_of,
         else
 #endif
             scores_f32_512(rows, w->qs, hd, w->kt, w->s);
-        for (int64_t r = 0; r < rows; r++) online_softmax(w->s + r * 16, n, w->mx + r, w->sums + 16 * r, w->o + r * hd, hd);
+        if (softcap > 0.f) cap_scores(w->s, rows * 16, softcap);
+        for (int64_t r = 0; r < rows; r++) online_softmax(w->s + r * 16, 0, n, w->mx + r, w->sums + 16 * r, w->o + r * hd, hd);
         weigh_block_512(rows, w->s, 16, w->vs, hd, 0, n, w->o, hd, NULL);
     }
     for (int64_t r = 0; r < rows; r++) {
@@ -178,14 +180,14 @@ INLINE void prefix_tile(const void* q, int64_t q_stride, const int64_t* rows_of,
 INLINE void attend_shared_prefix(const void* q, int64_t q_stride, const int64_t* rows_of, const void* kc,
                                  const void* vc, const int64_t* tables, int64_t max_blocks, const Sharing* sharing,
                                  int64_t grp, int64_t n_kv, int64_t hd, int64_t bs, float scale, PrefixState* state,
-                                 int bf16, int dp) {
+                                 float softcap, int bf16, int dp) {
     PrefixScratch w = prefix_scratch(TILE_REQUESTS * grp, hd);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t i = 0; i < sharing->tiles * n_kv; i++) {
         const int64_t from = sharing->tile_from[i / n_kv], count = sharing->tile_to[i / n_kv] - from;
         const int64_t* tile = sharing->order + from;
         prefix_tile(q, q_stride, rows_of, kc, vc, tables + tile[0] * max_blocks, sharing->first[tile[0]], tile, count,
-                    i % n_kv, grp, n_kv, hd, bs, scale, &w, state, bf16, dp);
+                    i % n_kv, grp, n_kv, hd, bs, scale, &w, state, softcap, bf16, dp);
     }
     free_prefix_scratch(&w);
 }

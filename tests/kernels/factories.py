@@ -44,7 +44,7 @@ class AttentionBatch:
     def to(self, device: str) -> AttentionBatch:
         return AttentionBatch(*(t.to(device) for t in self.args()[:-1]), scale=self.scale)
 
-    def reference(self) -> torch.Tensor:
+    def reference(self, window: int = 0, softcap: float = 0.0) -> torch.Tensor:
         from pageserve_kernels.reference import paged_attention_ref
 
         return paged_attention_ref(
@@ -55,7 +55,25 @@ class AttentionBatch:
             self.query_start_loc,
             self.seq_lens,
             self.scale,
+            window,
+            softcap,
         )
+
+    def poison_outside_window(self, window: int) -> int:
+        """NaN into every block that lies wholly before the window of each request's first query (so
+        wholly outside every one of its queries' windows): a kernel that reads one returns NaN. Returns
+        how many blocks were poisoned (a test should check there are some)."""
+        bs = self.key_cache.shape[1]
+        poisoned = 0
+        for b in range(self.seq_lens.shape[0]):
+            q_len = int(self.query_start_loc[b + 1] - self.query_start_loc[b])
+            first_seen = int(self.seq_lens[b]) - q_len - window + 1  # first key of the first query's window
+            for i in range(max(0, first_seen) // bs):
+                blk = int(self.block_tables[b, i])
+                self.key_cache[blk] = float("nan")
+                self.value_cache[blk] = float("nan")
+                poisoned += 1
+        return poisoned
 
 
 def make_batch(

@@ -54,7 +54,12 @@ class PagedAttentionOp(Protocol):
         value_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
-    ) -> torch.Tensor: ...  # (T, n_q, hd)
+        window: int = 0,
+        softcap: float = 0.0,
+    ) -> torch.Tensor:  # (T, n_q, hd)
+        """`window` > 0: each query sees its last `window` keys (itself included); `softcap` > 0: scores
+        become softcap * tanh(score / softcap) before the mask (pageserve_kernels/reference.py)."""
+        ...
 
     def plan(
         self, query_lens: list[int], seq_lens: list[int], tables: list[list[int]], block_size: int,
@@ -77,10 +82,12 @@ class TorchPagedAttention:
         return cpu_attention.plan_attention(query_lens, seq_lens, tables, block_size, device, self.native_decode,
                                             self.native_prompts)
 
-    def __call__(self, query, key, value, key_cache, value_cache, meta, scale):  # type: ignore[no-untyped-def]
+    def __call__(self, query, key, value, key_cache, value_cache, meta, scale, window=0,  # type: ignore[no-untyped-def]
+                 softcap=0.0):
         assert meta.plan is not None, "the torch backend needs a planned step"
         cpu_attention.store_kv(key, value, key_cache, value_cache, meta.slot_mapping)
-        return cpu_attention.attend(query, key_cache, value_cache, meta.plan, scale, fresh_kv=(key, value))
+        return cpu_attention.attend(query, key_cache, value_cache, meta.plan, scale, fresh_kv=(key, value),
+                                    window=window, softcap=softcap)
 
 
 class KernelPagedAttention:
@@ -92,11 +99,12 @@ class KernelPagedAttention:
     def plan(self, query_lens, seq_lens, tables, block_size, device):  # type: ignore[no-untyped-def]
         return None  # the kernels read block tables and lengths straight from AttentionMetadata
 
-    def __call__(self, query, key, value, key_cache, value_cache, meta, scale):  # type: ignore[no-untyped-def]
+    def __call__(self, query, key, value, key_cache, value_cache, meta, scale, window=0,  # type: ignore[no-untyped-def]
+                 softcap=0.0):
         self.backend.write_kv(key, value, key_cache, value_cache, meta.slot_mapping)
         return self.backend.paged_attention(
             query, key_cache, value_cache, meta.block_tables, meta.query_start_loc, meta.seq_lens, scale,
-            max_query_len=meta.max_query_len, max_seq_len=meta.max_seq_len,
+            window, softcap, max_query_len=meta.max_query_len, max_seq_len=meta.max_seq_len,
         )
 
 
