@@ -91,7 +91,8 @@ class EngineCore:
         """The Triton variants compiled at start-up (empty on the torch backend)."""
         if backend.name == "triton":
             self.kernel_variants = warm_up_triton(
-                self.kv_cache, loaded.shape.num_heads, min(config.scheduler.max_num_batched_tokens, max_model_len)
+                self.kv_cache, loaded.shape.num_heads, min(config.scheduler.max_num_batched_tokens, max_model_len),
+                loaded.shape.attention_kinds(),
             )
         if backend.name == "triton" and self.kv_cache.device_pool.device.type == "cuda" and not config.enforce_eager:
             graphs = DecodeGraphs(loaded.model, self.kv_cache.layers, self.runner.attention)

@@ -129,6 +129,10 @@ class ModelSpec:
     def window(self, layer: int) -> int:
         return self.layer_windows[layer] if self.layer_windows else 0
 
+    def attention_kinds(self) -> tuple[tuple[int, float], ...]:
+        """The distinct (window, softcap) pairs the layers attend with: the Triton variants to compile."""
+        return tuple(sorted({(self.window(i), self.attn_softcap) for i in range(self.num_layers)}))
+
     def is_sparse(self, layer: int) -> bool:
         if self.moe is None:
             return False
