@@ -21,7 +21,7 @@ from engine.outputs import SchedulerOutput
 from engine.scheduling.config import SchedulerConfig
 from shared.sampling import SamplingParams
 from tests.engine.model_fixtures import random_prompts
-from tests.support.tiny_model import tiny_llama_folder
+from tests.support.tiny_model import tiny_folder, tiny_llama_folder
 
 pytestmark = pytest.mark.slow
 
@@ -164,3 +164,18 @@ def test_default_model_greedy_tokens_equal_size_one() -> None:
         torch.set_num_threads(threads)
     one = LLM("smollm2", "float32", num_device_blocks=32, scheduler=sched)
     assert got == [r.token_ids for r in one.generate(prompts, params)]
+
+
+@pytest.mark.parametrize("architecture", ["gemma3_text", "qwen2_moe", "phi3"])
+def test_other_architectures_shard_to_the_same_tokens(architecture: str, tmp_path: Path) -> None:
+    """The options' own weights split right: q/k norms, Gemma's four norms and local rotary, Phi-3's fused
+    projections and partial rotary, Qwen2-MoE's q/k/v biases, experts and gated shared expert."""
+    folder = tiny_folder(architecture, tmp_path)
+    prompts = random_prompts([5, 19, 13], 512, seed=3)
+    threads = torch.get_num_threads()
+    one, two = _llm(folder, 1), _llm(folder, 2)
+    try:
+        assert _tokens(two, prompts) == _tokens(one, prompts)
+    finally:
+        two.close()
+        torch.set_num_threads(threads)
