@@ -109,7 +109,8 @@ def _read_tensors(folder: Path) -> dict[str, torch.Tensor]:
 
 
 def _load_weights(model: DecoderModel, names: WeightNames, files: ModelFiles, dtype: torch.dtype) -> None:
-    w = _read_tensors(files.path)
+    w = {names.canonical(n): t for n, t in _read_tensors(files.path).items()
+         if not n.startswith(names.unused_prefixes)}
 
     def take(name: str) -> torch.Tensor:
         try:

@@ -121,3 +121,21 @@ def tiny_llama_folder(
                 p.normal_(0.0, 0.2)
     model.save_pretrained(path)
     return path
+
+
+def tiny_gemma3_multimodal_folder(path: str | Path, *, seed: int = 0) -> Path:
+    """A Gemma 3 checkpoint as the Hub ships the 4B+ sizes: `gemma3` (Gemma3ForConditionalGeneration) with a
+    tiny vision tower beside the language model, whose text part pageserve serves."""
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration
+
+    path = Path(path)
+    text = {**BASE, **ARCHITECTURES["gemma3_text"], "model_type": "gemma3_text"}
+    vision = {"model_type": "siglip_vision_model", "hidden_size": 16, "intermediate_size": 32,
+              "num_hidden_layers": 1, "num_attention_heads": 2, "image_size": 28, "patch_size": 14}
+    config = Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4,
+                          image_token_index=500, boi_token_index=501, eoi_token_index=502)
+    torch.manual_seed(seed)
+    model = Gemma3ForConditionalGeneration(config)
+    perturb(model, norms_around_zero=True)
+    model.save_pretrained(path)
+    return path

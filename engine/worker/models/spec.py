@@ -177,3 +177,14 @@ class WeightNames:
     layers_prefix: str = "model.layers."
     moe_style: str = ""
     """The mixture of experts' checkpoint naming (engine/worker/models/moe_weights.py); '' for none."""
+    renamed_prefixes: tuple[tuple[str, str], ...] = ()
+    """(what a checkpoint may say, what the names above say): another saver's layout of the same tensors
+    (transformers 5 saves Gemma 3's language model under `model.language_model.`)."""
+    unused_prefixes: tuple[str, ...] = ()
+    """Tensors that are not the language model's (Gemma 3's vision tower): read past, never loaded."""
+
+    def canonical(self, name: str) -> str:
+        for theirs, ours in self.renamed_prefixes:
+            if name.startswith(theirs):
+                return ours + name[len(theirs):]
+        return name

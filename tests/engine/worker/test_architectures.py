@@ -20,7 +20,7 @@ from engine.worker.models.architectures import read_architecture
 from engine.worker.models.spec import ModelConfigError
 from shared.sampling import SamplingParams
 from tests.engine.model_fixtures import hf_greedy, make_llm, random_prompts
-from tests.support.tiny_model import ARCHITECTURES, tiny_folder
+from tests.support.tiny_model import ARCHITECTURES, tiny_folder, tiny_gemma3_multimodal_folder
 
 LENGTHS = [1, 5, 17, 33, 8, 45, 2, 25]
 NEW_TOKENS = 24
@@ -101,3 +101,14 @@ def test_an_unsupported_knob_is_an_error_naming_its_key(architecture: str, key: 
            "num_hidden_layers": 1, "num_attention_heads": 2, key: value}
     with pytest.raises(ModelConfigError, match=key.split("_")[0]):
         read_architecture(cfg)
+
+
+def test_gemma3_multimodal_checkpoint_serves_its_text_part(tmp_path: Path) -> None:
+    """`gemma3` folders (Gemma 3 4B and up): the language model's tensors under their saved names, the
+    vision tower's read past; text prompts equal transformers' own multimodal model."""
+    folder = tiny_gemma3_multimodal_folder(tmp_path)
+    hf = _hf(folder)
+    prompts = random_prompts([7, 30], 400, seed=5)
+    llm = make_llm(folder, block_size=4, max_model_len=128)
+    for prompt, result in zip(prompts, llm.generate(prompts, GREEDY, detokenize=False), strict=True):
+        assert result.token_ids == hf_greedy(hf, prompt, NEW_TOKENS)

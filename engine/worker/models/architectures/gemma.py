@@ -33,10 +33,16 @@ GEMMA_LAYER = LLAMA_LAYER | {
 def read_gemma(cfg: dict[str, Any]) -> tuple[ModelSpec, WeightNames]:
     names = WeightNames(dict(GEMMA_LAYER))
     if cfg.get("model_type") == "gemma3":  # the multimodal checkpoint: its language model's part only
-        cfg = {**cfg["text_config"], "model_type": "gemma3_text"}
+        # the top level decides tying for the multimodal model (transformers' Gemma3Config: True by default)
+        cfg = {**cfg["text_config"], "model_type": "gemma3_text",
+               "tie_word_embeddings": cfg.get("tie_word_embeddings", True)}
         names = WeightNames(dict(GEMMA_LAYER), embed="language_model.model.embed_tokens.weight",
                             final_norm="language_model.model.norm.weight", lm_head="language_model.lm_head.weight",
-                            layers_prefix="language_model.model.layers.")
+                            layers_prefix="language_model.model.layers.",
+                            renamed_prefixes=(("model.language_model.", "language_model.model."),
+                                              ("lm_head.", "language_model.lm_head.")),
+                            unused_prefixes=("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
+                                             "model.multi_modal_projector."))
     gemma3 = cfg.get("model_type") == "gemma3_text"
     common_refusals(cfg, "hidden_activation", ("gelu_pytorch_tanh",))
     refuse(cfg, "attention_bias", (None, False))
