@@ -130,13 +130,18 @@ class NativeLayers:
                        (m.down_weight, m.down_packed)]
             products = [_product_weight(w, p, impl) for (w, p), impl in zip(weights, impls, strict=True)]
             tensors += [layer.input_norm.weight, *products[:2], layer.pre_mlp_norm.weight, *products[2:],
-                        key_cache, value_cache]
+                        key_cache, value_cache, _or_empty(a.qkv_bias), _or_empty(a.q_norm), _or_empty(a.k_norm)]
         s = self.model.shape
         outs = [s.num_heads * s.head_dim + 2 * s.num_kv_heads * s.head_dim, s.hidden_size, 2 * s.intermediate_size,
                 s.hidden_size]
         dims = [s.num_heads, s.num_kv_heads, s.head_dim, self.isa, self.dot_products, *(IMPLS[i] for i in impls),
                 *outs]
         return torch.classes.pageserve.LlamaLayers(tensors, self.kernels, dims, self.eps, self.scale)
+
+
+def _or_empty(weight: torch.Tensor | None) -> torch.Tensor:
+    """An optional weight as llama_layers.cpp takes it: empty where the model has none."""
+    return _NONE if weight is None else weight
 
 
 def _product_weight(weight: torch.Tensor, plan: object, impl: str) -> torch.Tensor:
@@ -153,14 +158,14 @@ def _plain_cpu_llama(model: DecoderModel, attention: PagedAttentionOp) -> bool:
     Other architectures' options (engine/worker/models/spec.py) run the Python forward."""
     if type(model) is not DecoderModel or model.dtype not in (torch.float32, torch.bfloat16):
         return False
-    if not model.shape.is_plain_llama:
+    if not model.shape.runs_in_cpp_layers:
         return False
     if not (isinstance(attention, TorchPagedAttention) and attention.native_decode) or not model.embed.is_cpu:
         return False
     for layer in model.layers:
         a, m = layer.attn, layer.mlp
         plans = (a.qkv_packed, a.o_packed, m.gate_up_packed, m.down_packed)
-        if a.qkv_bias is not None or not all(isinstance(p, LinearPlan) for p in plans):
+        if not all(isinstance(p, LinearPlan) for p in plans):
             return False
         if any(impl not in IMPLS for p in plans for impl in p.impls):  # type: ignore[union-attr]
             return False
@@ -179,6 +184,8 @@ def _kernel_addresses(model: DecoderModel, prompts_in_c: bool) -> list[int] | No
               "rotary": (s.num_heads + s.num_kv_heads, s.head_dim), "silu_and_mul": (2 * s.intermediate_size,)}
     if not all(fused_choice.native_wins(op, fused, dtype, tail) for op, tail in widths.items()):
         return None
+    if s.qk_norm and dtype == torch.float32 and not fused_choice.native_wins("rms_norm", fused, dtype, (s.head_dim,)):
+        return None  # the Python layer norms float32 heads by the C kernel only where it won: so must C++
     addresses = [fused.address(op) for op in ("rms_norm", "add_rms_norm", "rotary", "silu_and_mul")]
     amx = cpu_gemm.load_amx() if dtype == torch.bfloat16 else None
     addresses += [store.address("store_kv"), decode.address(dtype), 0 if gemm is None else gemm.address(),

@@ -53,6 +53,8 @@ struct Kernels {
     void* prefill;       // PrefillF32 or PrefillBf16 by the model's dtype; null: prompt chunks run PyTorch's SDPA
 };
 
+constexpr size_t PER_LAYER = 11;  // tensors a layer passes (see `layer`)
+
 /* The order of `dims` (engine/worker/native_layers.py's `_make_layers`). */
 struct Dims {
     int64_t n_q, n_kv, hd, isa;
@@ -83,23 +85,27 @@ struct Timer {
     }
 };
 
-at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& packed) {
+at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias) {
     static auto op = c10::Dispatcher::singleton()
         .findSchemaOrThrow("mkldnn::_linear_pointwise", "")
         .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, c10::string_view,
                           c10::List<std::optional<at::Scalar>>, std::optional<c10::string_view>)>();
-    return op.call(x.contiguous(), packed, std::nullopt, "none", c10::List<std::optional<at::Scalar>>(),
-                   std::nullopt);
+    return op.call(x.contiguous(), packed, bias, "none", c10::List<std::optional<at::Scalar>>(), std::nullopt);
 }
 
-/* x (T, K) -> (T, N), as engine/worker/layers/linear.py's `linear` for this implementation. */
-at::Tensor linear(const Kernels& k, int64_t impl, const at::Tensor& x, const at::Tensor& w, int64_t n, int threads) {
-    if (impl == 1) return onednn_linear(x, w);
-    if (impl == 0) return at::linear(x, w);
+/* x (T, K) -> (T, N) (+ bias where it is not empty: Qwen2's q/k/v), as engine/worker/layers/linear.py's
+   `linear` for this implementation. */
+at::Tensor linear(const Kernels& k, int64_t impl, const at::Tensor& x, const at::Tensor& w, int64_t n, int threads,
+                  const at::Tensor& bias = at::Tensor()) {
+    const bool biased = bias.defined() && bias.numel() > 0;
+    const std::optional<at::Tensor> b = biased ? std::optional<at::Tensor>(bias) : std::nullopt;
+    if (impl == 1) return onednn_linear(x, w, b);
+    if (impl == 0) return at::linear(x, w, b);
     const Gemm gemm = impl == 3 ? k.gemm_amx : k.gemm;
     TORCH_CHECK(gemm != nullptr && x.scalar_type() == w.scalar_type() && x.stride(1) == 1, "panel GEMM unavailable");
     auto out = at::empty({x.size(0), n}, x.options());
-    gemm(x.data_ptr(), x.stride(0), w.data_ptr(), nullptr, out.data_ptr(), x.size(0), n, x.size(1), threads);
+    gemm(x.data_ptr(), x.stride(0), w.data_ptr(), biased ? bias.data_ptr() : nullptr, out.data_ptr(), x.size(0), n,
+         x.size(1), threads);
     return out;
 }
 
@@ -110,12 +116,32 @@ struct Step {
     int threads;
     int64_t max_seq;
     float eps, scale;
+    double eps_double;  // the eps as the Python float PyTorch's norms get
     double sdpa_scale;  // the scale as the Python float PyTorch's attention gets there (`scale` is its float)
     const at::Tensor &cos, &sin, &slots;
     const at::Tensor &rows, &tables, &seq_lens;                  // decode rows (none: empty)
     const at::Tensor &starts, &lens, &context_lens, &chunk_tables;  // prompt chunks (none: empty)
     const at::Tensor &attn_out, &act;  // (T, n_q * hd), (T, I): every layer's, allocated once a step
 };
+
+/* Qwen3's per-head RMSNorm of q or k before rotary, written back into the QKV rows: what the Python layer
+   calls (pageserve_kernels/fused_ops.py's rms_norm: the C kernel for float32 rows, fused_reference.py's
+   formula for bfloat16 ones), so results equal its bit for bit. */
+void norm_heads(const Step& s, at::Tensor& qkv, int64_t first, int64_t heads, const at::Tensor& weight) {
+    const int64_t t = qkv.size(0), hd = s.d.hd;
+    at::Tensor part = qkv.view({t, -1, hd}).narrow(1, first, heads);
+    const at::Tensor x = part.reshape({t * heads, hd}).contiguous();
+    at::Tensor normed;
+    if (x.scalar_type() == at::kFloat) {
+        normed = at::empty_like(x);
+        s.k.rms_norm(x.data_ptr(), hd, weight.data_ptr(), normed.data_ptr(), t * heads, hd, s.eps, s.threads);
+    } else {
+        const at::Tensor x32 = x.to(at::kFloat);
+        normed = (x32 * at::rsqrt(x32.pow(2).mean(-1, true) + s.eps_double) * weight.to(at::kFloat))
+                     .to(weight.scalar_type());
+    }
+    part.copy_(normed.view({t, heads, hd}));
+}
 
 /* The prompt chunks' attention: pageserve_kernels/cpu_prefill.py's call. */
 void prefill(const Step& s, const char* q, int64_t row, const at::Tensor& key_cache, const at::Tensor& value_cache) {
@@ -198,8 +224,9 @@ const at::Tensor& attend(const Step& s, at::Tensor& qkv, at::Tensor& key_cache, 
     return s.attn_out;
 }
 
-/* One decoder layer; `w` its eight tensors: input norm, QKV, O, post-attention norm, gate-up, down,
-   K cache, V cache. h in the model dtype and residual float32 are overwritten, as in Python. */
+/* One decoder layer; `w` its eleven tensors: input norm, QKV, O, post-attention norm, gate-up, down,
+   K cache, V cache, QKV bias, q norm, k norm (the last three empty where the model has none).
+   h in the model dtype and residual float32 are overwritten, as in Python. */
 void layer(const Step& s, at::TensorList w, at::Tensor& h, at::Tensor& residual, bool first) {
     const Dims& d = s.d;
     const int64_t t = h.size(0), hidden = h.size(1);
@@ -216,7 +243,11 @@ void layer(const Step& s, at::TensorList w, at::Tensor& h, at::Tensor& residual,
             s.k.add_rms_norm(h.data_ptr(), residual.data_ptr<float>(), w[0].data_ptr(), t, hidden, s.eps, s.threads);
         });
     }
-    auto qkv = s.time(LINEAR, [&] { return linear(s.k, d.impl[0], h, w[1], d.out[0], s.threads); });
+    auto qkv = s.time(LINEAR, [&] { return linear(s.k, d.impl[0], h, w[1], d.out[0], s.threads, w[8]); });
+    if (w[9].numel()) s.time(NORM, [&] {
+        norm_heads(s, qkv, 0, d.n_q, w[9]);
+        norm_heads(s, qkv, d.n_q, d.n_kv, w[10]);
+    });
     at::Tensor key_cache = w[6], value_cache = w[7];
     const at::Tensor& o = attend(s, qkv, key_cache, value_cache);
     h = s.time(LINEAR, [&] { return linear(s.k, d.impl[1], o, w[2], d.out[1], s.threads); });
@@ -253,7 +284,8 @@ void check_step(const Step& s, const at::Tensor& h, const at::Tensor& timings) {
 /* A model's layers for one choice of products (engine/worker/native_layers.py makes one per row bucket's
    choice): built once, so a step passes only its own tensors. */
 struct LlamaLayers : torch::CustomClassHolder {
-    std::vector<at::Tensor> layers;  // per layer: input norm, QKV, O, post norm, gate-up, down, K cache, V cache
+    std::vector<at::Tensor> layers;  // per layer: input norm, QKV, O, post norm, gate-up, down, K cache, V cache,
+                                     // QKV bias, q norm, k norm (empty: none)
     Kernels k;
     Dims d;
     double eps, scale;
@@ -261,7 +293,7 @@ struct LlamaLayers : torch::CustomClassHolder {
     LlamaLayers(std::vector<at::Tensor> layers_, std::vector<int64_t> kernels, std::vector<int64_t> dims,
                 double eps_, double scale_)
         : layers(std::move(layers_)), eps(eps_), scale(scale_) {
-        TORCH_CHECK(kernels.size() == 9 && dims.size() == 13 && !layers.empty() && layers.size() % 8 == 0,
+        TORCH_CHECK(kernels.size() == 9 && dims.size() == 13 && !layers.empty() && layers.size() % PER_LAYER == 0,
                     "LlamaLayers: bad kernel, dimension or layer lists");
         k = Kernels{reinterpret_cast<RmsNorm>(kernels[0]), reinterpret_cast<AddRmsNorm>(kernels[1]),
                     reinterpret_cast<Rotary>(kernels[2]), reinterpret_cast<SiluAndMul>(kernels[3]),
@@ -270,7 +302,7 @@ struct LlamaLayers : torch::CustomClassHolder {
                     reinterpret_cast<void*>(kernels[8])};
         d = Dims{dims[0], dims[1], dims[2], dims[3], dims[4], {dims[5], dims[6], dims[7], dims[8]},
                  {dims[9], dims[10], dims[11], dims[12]}};
-        for (size_t i = 6; i < layers.size(); i += 8)
+        for (size_t i = 6; i < layers.size(); i += PER_LAYER)
             TORCH_CHECK(layers[i].is_contiguous() && layers[i + 1].is_contiguous() && layers[i].dim() == 4 &&
                             layers[i].size(3) == d.hd && layers[i].sizes() == layers[i + 1].sizes(),
                         "LlamaLayers: KV caches");
@@ -287,12 +319,12 @@ struct LlamaLayers : torch::CustomClassHolder {
         double* seconds = timings.numel() ? timings.data_ptr<double>() : nullptr;
         const int64_t t = h.size(0);
         at::Tensor attn_out = at::empty({t, d.n_q * d.hd}, h.options()), act = at::empty({t, d.out[2] / 2}, h.options());
-        Step s{k, d, Timer{seconds}, at::get_num_threads(), max_seq, (float)eps, (float)scale, scale, cos, sin, slots,
+        Step s{k, d, Timer{seconds}, at::get_num_threads(), max_seq, (float)eps, (float)scale, eps, scale, cos, sin, slots,
                rows, tables, seq_lens, starts, lens, context_lens, chunk_tables, attn_out, act};
         check_step(s, h, timings);
         at::Tensor residual;
         at::TensorList all(layers);
-        for (size_t i = 0; i < layers.size(); i += 8) layer(s, all.slice(i, 8), h, residual, i == 0);
+        for (size_t i = 0; i < layers.size(); i += PER_LAYER) layer(s, all.slice(i, PER_LAYER), h, residual, i == 0);
         return residual + h;
     }
 };

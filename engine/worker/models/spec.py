@@ -139,11 +139,11 @@ class ModelSpec:
         return self.sparse_layers[layer] if self.sparse_layers else True
 
     @property
-    def is_plain_llama(self) -> bool:
-        """Every option at its Llama value: the C++ layer loop (engine/worker/native_layers.py) mirrors
-        exactly this model."""
-        plain = ModelSpec(**{f: getattr(self, f) for f in _NUMBERS})
-        return self == plain and not self.attention_bias
+    def runs_in_cpp_layers(self) -> bool:
+        """The C++ layer loop (engine/worker/native_layers.py) mirrors exactly this model: every option at its
+        Llama value but the two it implements, q/k/v biases (Qwen2) and q/k norms (Qwen3)."""
+        plain = ModelSpec(**{f: getattr(self, f) for f in _NUMBERS}, qk_norm=self.qk_norm)
+        return self == plain
 
     def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
         """K and V of every layer for one token."""

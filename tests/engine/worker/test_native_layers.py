@@ -25,7 +25,7 @@ from engine.worker.native_layers import TIMED_KINDS, NativeLayers
 from pageserve_kernels import choice, cpu_prefill, fused_choice, prefill_choice, torch_ops
 from shared.sampling import SamplingParams
 from tests.engine.model_fixtures import random_prompts
-from tests.support.tiny_model import tiny_llama_folder
+from tests.support.tiny_model import tiny_folder, tiny_llama_folder
 
 pytestmark = pytest.mark.skipif(not torch_ops.load("llama_layers"), reason="no C++ compiler for torch operators")
 
@@ -113,6 +113,21 @@ def test_every_step_equals_the_python_layers(model_dir: Path, dtype: str, produc
     eager = make(model_dir, dtype, eager=True)
     assert eager.core.runner.fast_forward is None
     assert generate(eager, prompts) == tokens
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("architecture", ["qwen2", "qwen3"])
+def test_qwen_layers_run_in_cpp_and_equal_the_python_layers(architecture: str, dtype: str,
+                                                            tmp_path: Path) -> None:
+    """Qwen2's q/k/v biases and Qwen3's per-head q/k norms: the two options the C++ loop implements."""
+    folder = tiny_folder(architecture, tmp_path, hidden_size=128, intermediate_size=256, num_hidden_layers=LAYERS,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=32, use_sliding_window=False)
+    llm = make(folder, dtype)
+    rows = compared_with_python(llm)
+    seen = step_kinds(llm.core.runner.fast_forward)  # type: ignore[arg-type]
+    tokens = generate(llm, random_prompts([5, 17, 9, 30, 3], 512, seed=2))
+    assert rows and all(ran for *_, ran in seen)
+    assert generate(make(folder, dtype, eager=True), random_prompts([5, 17, 9, 30, 3], 512, seed=2)) == tokens
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

@@ -105,4 +105,5 @@ def windows_from_layer_types(cfg: dict[str, Any], layers: int, window: int | Non
         raise ModelConfigError(f"config.json: layer_types {unknown} are not supported by pageserve")
     if any(t == "sliding_attention" for t in types) and not window:
         raise ModelConfigError("config.json: layer_types has sliding_attention layers but sliding_window is unset")
-    return tuple(int(window or 0) if t == "sliding_attention" else 0 for t in types)
+    windows = tuple(int(window or 0) if t == "sliding_attention" else 0 for t in types)
+    return windows if any(windows) else ()  # every layer full: the spec says so with no windows at all

@@ -26,7 +26,8 @@ def qwen_windows(cfg: dict[str, Any], layers: int) -> tuple[int, ...]:
     if not window:
         return ()
     first = int(cfg.get("max_window_layers", layers))
-    return tuple(window if i >= first else 0 for i in range(layers))
+    windows = tuple(window if i >= first else 0 for i in range(layers))
+    return windows if any(windows) else ()
 
 
 def read_qwen2(cfg: dict[str, Any]) -> tuple[ModelSpec, WeightNames]:
