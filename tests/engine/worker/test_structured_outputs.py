@@ -22,7 +22,7 @@ from engine.worker.structured_outputs import StructuredOutputs
 from shared.sampling import SamplingParams
 from shared.structured import GrammarSpec
 from tests.engine.model_fixtures import make_llm, random_prompts
-from tests.support.tiny_model import tiny_llama_folder
+from tests.support.tiny_model import tiny_folder, tiny_llama_folder
 from tests.support.tiny_tokenizer import tiny_tokenizer
 
 
@@ -241,3 +241,22 @@ def test_length_bounded_strings_admit_no_raw_control_characters(tiny_with_vocab:
     assert matcher.accept_string('{"v": "ab')
     assert not matcher.accept_string("\x12")
     assert matcher.accept_string('c"}') and matcher.is_completed()
+
+
+@pytest.mark.parametrize("architecture", ["gemma2", "qwen3_moe", "phi3"])
+def test_other_architectures_follow_a_schema_with_logprobs(architecture: str, tmp_path: Path) -> None:
+    """Structured outputs and logprobs do not depend on the architecture: a JSON schema is followed and
+    each token's logprob is reported, on models with windows and soft-caps, experts, partial rotary."""
+    folder = tiny_folder(architecture, tmp_path)
+    tiny_tokenizer(folder)
+    tok = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
+    llm = make_llm(folder, blocks=256, budget=64, seqs=8)
+    schema = {"type": "object", "properties": {"city": {"enum": ["Paris", "Lyon"]}, "n": {"type": "integer"}},
+              "required": ["city", "n"], "additionalProperties": False}
+    params = SamplingParams(temperature=0.0, max_tokens=60, logprobs=2)
+    result = llm.generate(random_prompts([9], 512), params, detokenize=False,
+                          grammar=GrammarSpec("json_schema", json.dumps(schema)))[0]
+    assert result.finish_reason == "stop"
+    jsonschema.validate(json.loads(tok.decode([t for t in result.token_ids if t != 2])), schema)
+    lps = result.outputs[0].logprobs
+    assert len(lps) == len(result.token_ids) and all(lp.logprob <= 0.0 and len(lp.top_token_ids) == 2 for lp in lps)
