@@ -38,7 +38,8 @@ async def chat_completions(request: Request) -> ASGIApp:
     await check_key_first(key, state.store, state.recent_keys)
     chat = parse_chat(await _read_body(request, state))
     _check_settings(state, chat.settings)
-    prompt = PromptInput(await state.prompts.chat(chat.messages, chat.tools), param="messages")
+    prompt = PromptInput(await state.prompts.chat(chat.messages, chat.tools, template=chat.template),
+                         param="messages")
     return await serve(request, state, plan(state, "chat", chat.settings, prompt), key)
 
 
@@ -48,7 +49,8 @@ async def completions(request: Request) -> ASGIApp:
     await check_key_first(key, state.store, state.recent_keys)
     completion = parse_completion(await _read_body(request, state))
     _check_settings(state, completion.settings)
-    prompt = PromptInput(await state.prompts.completion(completion.prompt), param="prompt")
+    prompt = PromptInput(await state.prompts.completion(completion.prompt), param="prompt",
+                         text=completion.prompt if isinstance(completion.prompt, str) else None)
     return await serve(request, state, plan(state, "completion", completion.settings, prompt), key)
 
 
