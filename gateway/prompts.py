@@ -52,7 +52,7 @@ class Prompts:
         try:
             text = self.tokenizer.apply_chat_template(
                 messages, add_generation_prompt=template.add_generation_prompt, tools=offered,
-                continue_final_message=template.continue_final_message, **template.kwargs)
+                continue_final_message=template.continue_final_message, template_kwargs=template.kwargs)
         except ChatTemplateError as e:  # the template's own checks (role order...)
             raise InvalidRequest(f"messages do not fit the model's chat template: {e}", param="messages") from None
         # The template already wrote the special tokens (BOS, <|im_start|>...).

@@ -81,14 +81,14 @@ class TextTokenizer:
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
                             tools: list[dict[str, Any]] | None = None, continue_final_message: bool = False,
-                            **template_kwargs: Any) -> str:
+                            template_kwargs: dict[str, Any] | None = None) -> str:
         """The rendered prompt text (special tokens written by the template itself). `template_kwargs`
         (chat_template_kwargs) are extra template variables; they never replace the ones set here.
         `continue_final_message`: the text ends with the last message's content, its end-of-turn cut
         (transformers' rule: cut after the last occurrence of the stripped content)."""
         if self._template is None:
             raise ChatTemplateError("this model has no chat template")
-        variables = {**template_kwargs, "messages": messages, "add_generation_prompt": add_generation_prompt,
+        variables = {**(template_kwargs or {}), "messages": messages, "add_generation_prompt": add_generation_prompt,
                      "tools": tools, "documents": None, **self._special_tokens}
         try:
             text = self._template.render(**variables)
