@@ -15,9 +15,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 from starlette.requests import Request
@@ -28,7 +29,7 @@ from gateway.auth import admit
 from gateway.errors import APIError, InternalError
 from gateway.generation import Generation
 from gateway.logprobs import LogprobEntry, TokenTexts
-from gateway.openai_format import Endpoint, ResponseFormat, id_prefix, new_request_id
+from gateway.openai_format import Endpoint, ResponseFormat, id_prefix
 from gateway.output_options import bad_words_token_ids, truncate_prompt
 from gateway.prompt_echo import echo_choice, echo_logprobs, prompt_fields, prompt_logprobs_body
 from gateway.request_context import record_of
@@ -98,14 +99,31 @@ def _apply_output_options(state: GatewayState, settings: GenerationSettings, pro
     return settings, prompt
 
 
-async def serve(request: Request, state: GatewayState, plan: Plan, key: str) -> ASGIApp:
-    """Admit (key and quota: one Redis round trip), submit, then stream or answer whole.
+class Responder(Protocol):
+    """Another response shape over the same generation (gateway/responses_api.py's /v1/responses)."""
+
+    id_prefix: str
+
+    def events(self, gen: Generation, request_id: str) -> AsyncIterator[bytes]:
+        """The whole SSE stream of a streamed request."""
+        ...
+
+    def body(self, gen: Generation, request_id: str, text: str, finish_reason: str) -> dict[str, Any]:
+        """The JSON body of a whole request (one choice)."""
+        ...
+
+
+async def serve(request: Request, state: GatewayState, plan: Plan, key: str,
+                responder: Responder | None = None) -> ASGIApp:
+    """Admit (key and quota: one Redis round trip), submit, then stream or answer whole, in OpenAI's
+    chat or completions shapes, or `responder`'s.
 
     Settlement runs after the last byte is handed to the server, so it never delays the client.
     """
     settings = plan.settings
     record = record_of(request)
-    request_id = record.engine_id(id_prefix(plan.endpoint)) if record is not None else new_request_id(plan.endpoint)
+    prefix = responder.id_prefix if responder is not None else id_prefix(plan.endpoint)
+    request_id = record.engine_id(prefix) if record is not None else prefix + uuid.uuid4().hex
     fmt = ResponseFormat(plan.endpoint, request_id, plan.engine.model_info.model_name, settings.include_usage,
                          settings.continuous_usage)
     admission_started = time.perf_counter()
@@ -144,10 +162,11 @@ async def serve(request: Request, state: GatewayState, plan: Plan, key: str) -> 
         record.submitted = True
     parts = PromptParts(gen, plan.prompt, fmt.endpoint == "chat")
     if settings.stream:
-        return SSEResponse(_stream_events(gen, fmt, settings.parse_tool_calls, parts), on_close=gen.close,
-                           headers=gen.response_headers)
+        events = (_stream_events(gen, fmt, settings.parse_tool_calls, parts) if responder is None
+                  else responder.events(gen, request_id))
+        return SSEResponse(events, on_close=gen.close, headers=gen.response_headers)
     try:
-        response = await _whole_response(request, gen, fmt, settings.parse_tool_calls, parts)
+        response = await _whole_response(request, gen, fmt, settings.parse_tool_calls, parts, responder)
     except BaseException:
         with anyio.CancelScope(shield=True):
             await gen.close()
@@ -258,7 +277,8 @@ def _with_calls(reason: str | None, num_calls: int) -> str | None:
 
 
 async def _whole_response(request: Request, gen: Generation, fmt: ResponseFormat,
-                          tool_calls: bool = False, parts: PromptParts | None = None) -> Response:
+                          tool_calls: bool = False, parts: PromptParts | None = None,
+                          responder: Responder | None = None) -> Response:
     n = gen.sampling.n
     texts: list[list[str]] = [[] for _ in range(n)]
     token_ids: list[list[int]] = [[] for _ in range(n)]
@@ -298,6 +318,8 @@ async def _whole_response(request: Request, gen: Generation, fmt: ResponseFormat
         log.info("client of %s went away; aborting it", gen.request_id)
         return Response(status_code=499)  # nobody reads it; the finally aborts the engine request
     whole = ["".join(t) for t in texts]
+    if responder is not None:
+        return JSONResponse(responder.body(gen, fmt.request_id, whole[0], reasons[0]), headers=gen.response_headers)
     events = None
     if tool_calls:
         parsers = [ToolCallParser() for _ in range(n)]
