@@ -139,13 +139,14 @@ def _content(content: Any, i: int) -> Any:
     """A message's content: a string, or input_text / output_text parts joined (other parts: a 400)."""
     if not isinstance(content, list):
         return content
-    texts = []
+    texts: list[str] = []
     for j, part in enumerate(content):
         if not isinstance(part, dict) or part.get("type") not in ("input_text", "output_text", "text"):
             raise InvalidRequest("only text content parts are supported", param=f"input[{i}].content[{j}]")
-        texts.append(part.get("text"))
-    if not all(isinstance(t, str) for t in texts):
-        raise InvalidRequest("a text part needs its text", param=f"input[{i}].content")
+        text = part.get("text")
+        if not isinstance(text, str):
+            raise InvalidRequest("a text part needs its text", param=f"input[{i}].content[{j}].text")
+        texts.append(text)
     return "".join(texts)
 
 
@@ -296,11 +297,12 @@ class _ItemStream:
         return [self._ev("response.function_call_arguments.delta", delta=piece.text)]
 
     def _start_message(self) -> list[bytes]:
-        item = {"id": "msg_" + uuid.uuid4().hex, "type": "message", "role": "assistant", "status": "in_progress",
-                "content": []}
+        part: dict[str, Any] = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+        content: list[dict[str, Any]] = []
+        item: dict[str, Any] = {"id": "msg_" + uuid.uuid4().hex, "type": "message", "role": "assistant",
+                                "status": "in_progress", "content": content}
         out = self.close() + self._start(item)
-        part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-        item["content"].append(part)
+        content.append(part)  # after output_item.added, which announces the message with no part yet
         return out + [self._ev("response.content_part.added", content_index=0, part=dict(part))]
 
     def _start(self, item: dict[str, Any]) -> list[bytes]:
