@@ -37,6 +37,11 @@ class OutputOptions:
     truncate_prompt_tokens: int | None = None
     """Keep the prompt's last k tokens (-1: the model's context)."""
 
+    def __post_init__(self) -> None:
+        if self.truncate_prompt_tokens == 0:
+            raise InvalidRequest("truncate_prompt_tokens must be positive, or -1 for the model's context",
+                                 param="truncate_prompt_tokens")
+
 
 @dataclass(frozen=True)
 class TemplateOptions:
@@ -46,6 +51,17 @@ class TemplateOptions:
     kwargs: dict[str, Any] = field(default_factory=dict)
     """chat_template_kwargs: extra variables for the template (e.g. enable_thinking)."""
 
+    @classmethod
+    def of(cls, add_generation_prompt: bool | None, continue_final_message: bool | None,
+           kwargs: dict[str, Any] | None, messages: list[dict[str, Any]]) -> TemplateOptions:
+        """From a chat body's fields (vLLM's defaults: a generation prompt, unless continuing)."""
+        if continue_final_message and messages[-1]["role"] != "assistant":
+            raise InvalidRequest("continue_final_message needs a last message from the assistant",
+                                 param="continue_final_message")
+        add = add_generation_prompt if add_generation_prompt is not None else not continue_final_message
+        return cls(add_generation_prompt=add,
+                   continue_final_message=bool(continue_final_message), kwargs=kwargs or {})
+
     def __post_init__(self) -> None:
         if self.continue_final_message and self.add_generation_prompt:
             raise InvalidRequest("continue_final_message and add_generation_prompt cannot both be true",
@@ -54,6 +70,13 @@ class TemplateOptions:
 
 class Encoder(Protocol):
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
+
+
+def allowed_ids(ids: list[int]) -> tuple[int, ...]:
+    """vLLM refuses an empty allowed_token_ids (nothing could be sampled)."""
+    if not ids:
+        raise InvalidRequest("allowed_token_ids must not be empty", param="allowed_token_ids")
+    return tuple(ids)
 
 
 def bad_words_token_ids(words: Sequence[str], tokenizer: Encoder) -> tuple[tuple[int, ...], ...]:

@@ -25,7 +25,7 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from gateway.errors import InvalidRequest
-from gateway.output_options import OutputOptions, TemplateOptions
+from gateway.output_options import OutputOptions, TemplateOptions, allowed_ids
 from gateway.request_fields import split_fields
 from gateway.response_format import STRUCTURED_FIELDS, grammar_from_body
 from gateway.tools import ToolPlan, plan_tools
@@ -231,13 +231,8 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
         settings = dataclasses.replace(settings, grammar=tools.grammar)
     if tools is not None and tools.parse_calls:
         settings = dataclasses.replace(settings, parse_tool_calls=True)
-    template = TemplateOptions(
-        add_generation_prompt=parsed.add_generation_prompt is not False and not parsed.continue_final_message,
-        continue_final_message=bool(parsed.continue_final_message), kwargs=parsed.chat_template_kwargs or {})
-    if template.continue_final_message and messages[-1]["role"] != "assistant":
-        raise InvalidRequest("continue_final_message needs a last message from the assistant",
-                             param="continue_final_message")
-    return ChatRequest(settings, messages, tools, template)
+    return ChatRequest(settings, messages, tools, TemplateOptions.of(
+        parsed.add_generation_prompt, parsed.continue_final_message, parsed.chat_template_kwargs, messages))
 
 
 def _chat_logprobs(parsed: _ChatBody) -> int | None:
@@ -358,12 +353,7 @@ def _settings(parsed: _Body, max_tokens: int | None, max_param: str, logprobs: i
     if parsed.logit_bias is not None:
         fields["logit_bias"] = _logit_bias(parsed.logit_bias)
     if parsed.allowed_token_ids is not None:
-        if not parsed.allowed_token_ids:
-            raise InvalidRequest("allowed_token_ids must not be empty", param="allowed_token_ids")
-        fields["allowed_token_ids"] = tuple(parsed.allowed_token_ids)
-    if parsed.truncate_prompt_tokens == 0:
-        raise InvalidRequest("truncate_prompt_tokens must be positive, or -1 for the model's context",
-                             param="truncate_prompt_tokens")
+        fields["allowed_token_ids"] = allowed_ids(parsed.allowed_token_ids)
     grammar = grammar_from_body({name: getattr(parsed, name) for name in STRUCTURED_FIELDS})
     return GenerationSettings(
         grammar=grammar,

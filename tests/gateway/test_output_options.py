@@ -70,8 +70,11 @@ def test_chat_template_options_change_the_prompt(make_gateway: Any, tokenizer: A
         text.append(tokenizer.decode(gw.engine.submitted[-1].prompt_token_ids, skip_special_tokens=False))
     assert text[0].endswith("<|im_start|>assistant\n") and text[1].endswith("?<|im_end|>\n")
     assert text[2].endswith("<|im_start|>assistant\nIt is")
-    both = gw.post("/v1/chat/completions", {**CHAT, "continue_final_message": True})
-    assert both.status_code == 400 and both.json()["error"]["param"] == "continue_final_message"
+    for bad in ({"continue_final_message": True},  # the last message is the user's
+                {"continue_final_message": True, "add_generation_prompt": True,
+                 "messages": [*CHAT["messages"], {"role": "assistant", "content": "It is"}]}):
+        r = gw.post("/v1/chat/completions", {**CHAT, **bad})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "continue_final_message", r.text
 
 
 def test_chat_template_kwargs_are_template_variables() -> None:
