@@ -88,12 +88,16 @@ class TextTokenizer:
         (transformers' rule: cut after the last occurrence of the stripped content)."""
         if self._template is None:
             raise ChatTemplateError("this model has no chat template")
-        variables = {**(template_kwargs or {}), "messages": messages, "add_generation_prompt": add_generation_prompt,
+        # The client's variables never shadow the template's helpers (raise_exception, strftime_now...).
+        extra = {k: v for k, v in (template_kwargs or {}).items() if k not in self._template.environment.globals}
+        variables = {**extra, "messages": messages, "add_generation_prompt": add_generation_prompt,
                      "tools": tools, "documents": None, **self._special_tokens}
         try:
             text = self._template.render(**variables)
         except jinja2.exceptions.TemplateError as e:
             raise ChatTemplateError(str(e)) from None
+        except (TypeError, ValueError, AttributeError, KeyError) as e:  # chat_template_kwargs of the wrong type
+            raise ChatTemplateError(f"{type(e).__name__}: {e}") from None
         if continue_final_message:
             final = str(messages[-1].get("content") or "").strip()
             if not final or final not in text:

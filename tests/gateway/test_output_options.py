@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from gateway.output_options import bad_words_token_ids
-from gateway.tokenizer import TextTokenizer
+from gateway.tokenizer import ChatTemplateError, TextTokenizer
 from tests.gateway.fakes import Script
 
 CHAT = {"model": "smollm2", "messages": [{"role": "user", "content": "Capital of France?"}], "max_tokens": 4}
@@ -86,6 +86,9 @@ def test_chat_template_kwargs_are_template_variables() -> None:
     assert tok.apply_chat_template(messages) == "hi"
     assert tok.apply_chat_template(messages, template_kwargs={"shout": True}) == "LOUD hi"
     assert tok.apply_chat_template(messages, template_kwargs={"messages": [], "shout": False}) == "hi"
+    calls = TextTokenizer(tok._tok, {}, "{{ raise_exception('no') if shout }}{{ shout.upper() }}")
+    with pytest.raises(ChatTemplateError):  # whatever the client's variables do: a 400, never a 500
+        calls.apply_chat_template(messages, template_kwargs={"raise_exception": "x", "shout": 5})
 
 
 def test_return_token_ids_whole_and_streamed(make_gateway: Any) -> None:
