@@ -66,3 +66,20 @@ def test_a_cached_prefix_is_not_read_by_a_request_asking_prompt_logprobs(llm: LL
     assert asks.num_cached_tokens == 0  # ... but not read by the request that needs its rows
     check(asks.prompt_logprobs, hf, prompt)
     assert asks.token_ids == first.token_ids
+
+
+@pytest.mark.slow
+def test_tensor_parallel_ranks_agree_on_the_prompt_rows(tiny_model: Path, hf: object) -> None:
+    """The prompt rows join the sampled rows' lm_head call, a collective under tensor parallelism: a
+    step with prompt rows only (a middle chunk) must run it on every rank, or the ranks hang."""
+    from engine.scheduling.config import SchedulerConfig
+
+    llm = LLM(str(tiny_model), "float32", num_device_blocks=64, num_cpu_blocks=16, block_size=4,
+              scheduler=SchedulerConfig(max_num_batched_tokens=8, max_num_seqs=4), tensor_parallel_size=2)
+    try:
+        (prompt,) = random_prompts([21], 512, seed=3)
+        result = llm.generate(prompt, SamplingParams(max_tokens=2, temperature=0, prompt_logprobs=K),
+                              detokenize=False)[0]
+        check(result.prompt_logprobs, hf, prompt)
+    finally:
+        llm.close()
