@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from engine.worker.parallel.leader import TensorParallelLeader
 from pageserve_kernels.dispatch import select_backend
 from shared.model_info import ModelInfo, SamplingDefault
+from shared.protocol import TokenLogprob
 
 
 def start_tensor_parallel(config: EngineConfig) -> TensorParallelLeader | None:
@@ -140,7 +141,7 @@ class EngineCore:
             began = time.perf_counter()
             result = self.runner.execute(out)
             self.scheduler.step_costs.observe(out, time.perf_counter() - began)
-            return self.scheduler.update(out, result)
+            return with_prompt_logprobs(self.scheduler.update(out, result), result.prompt_logprobs)
         except Exception as e:
             if is_fatal(e):
                 raise
@@ -173,3 +174,11 @@ class EngineCore:
             num_free_cpu_blocks=s.free_cpu_blocks,
             num_total_cpu_blocks=s.total_cpu_blocks,
         )
+
+
+def with_prompt_logprobs(deltas: list[RequestDelta], prompt: dict[str, list[TokenLogprob]]) -> list[RequestDelta]:
+    """The runner's prompt logprobs on each request's delta of sample 0 (the prompt's last step samples it)."""
+    if not prompt:
+        return deltas
+    return [dataclasses.replace(d, prompt_logprobs=prompt.pop(d.request_id)) if d.index == 0 and
+            d.request_id in prompt else d for d in deltas]

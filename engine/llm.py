@@ -45,6 +45,8 @@ class GenerationResult:
     prompt_token_ids: list[int]
     outputs: list[SampleOutput]
     num_cached_tokens: int = 0
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
+    """With SamplingParams.prompt_logprobs: prompt tokens 1.. (the first has none), raw distribution."""
 
     @property
     def token_ids(self) -> list[int]:
@@ -175,6 +177,8 @@ class LLM:
                 out = r.outputs[d.index]
                 out.token_ids.extend(d.new_token_ids)
                 out.logprobs.extend(d.logprobs)
+                if d.prompt_logprobs:
+                    r.prompt_logprobs = list(d.prompt_logprobs)
                 r.num_cached_tokens = d.num_cached_tokens
                 if d.finish_reason is not None:
                     out.finish_reason = d.finish_reason

@@ -76,6 +76,8 @@ class RunnerOutput:
     """request_id -> the token sampled this step, for chunks with sample=True."""
     logprobs: dict[str, TokenLogprob] = field(default_factory=dict)
     """request_id -> the sampled token's logprobs, for requests that asked for them."""
+    prompt_logprobs: dict[str, list[TokenLogprob]] = field(default_factory=dict)
+    """request_id -> its prompt's logprobs (tokens 1..), on the step that finished its prompt."""
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,8 @@ class RequestDelta:
     queue_seconds: float | None = None
     """Seconds from the engine's arrival to the first scheduling (vllm:request_queue_time_seconds);
     None until the request was first scheduled."""
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
+    """On the first delta of a request that asked for prompt_logprobs: one per prompt token after the first."""
 
     @property
     def finished(self) -> bool:

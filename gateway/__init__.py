@@ -5,6 +5,7 @@ A request's path through the package:
     server.py        `pageserve gateway`: flags + PAGESERVE_* twins -> GatewayConfig (config.py) -> uvicorn
     app.py           create_app(config): routes + a lifespan owning the services (state.py)
     routes.py        POST /v1/chat/completions, /v1/completions; GET /health; mounts the routes below
+    responses_api.py POST /v1/responses: OpenAI's Responses API as a chat request, its typed stream events
     models_api.py    GET /v1/models, /v1/models/{model}; the one model-name check
     tokenize_api.py  POST /tokenize, /detokenize (vLLM's shapes)
     openapi.py       GET /openapi.json, generated from the request models
@@ -13,6 +14,8 @@ A request's path through the package:
     body.py          bytes -> JSON object: content type, size limit, strict JSON, or 4xx
     request_fields.py which top-level fields are honoured, refused unless neutral, or ignored (vLLM's policy)
     schemas.py       body checked field by field -> the sampling fields it set + stop strings, or 400 naming the param
+    output_options.py  vLLM's prompt/text options (stop string kept, special tokens, bad_words, truncation,
+                     echo, chat template options)
     response_format.py  response_format / structured_outputs / guided_* -> GrammarSpec (schema meta-checked)
     tools.py         tools + tool_choice -> ToolPlan (forced calls as a grammar); tools in tool-unaware templates
     tool_parser.py   the model's Hermes-format tool calls out of its text, streamed as argument deltas
@@ -24,6 +27,7 @@ A request's path through the package:
     generation.py    one request in flight: engine deltas -> text per choice (detokenizer.py,
                      stop_strings.py); the single close/settle
     openai_format.py the exact chunk/response JSON shapes
+    prompt_echo.py   echo, prompt logprobs and token ids in those shapes (vLLM's)
     engine_link.py   keeps an EngineClient (engine_client.py) connected, reconnects after a loss, and
                      watches the engine's step counter (a stalled engine fails open streams)
     background_tasks.py  how the owners of background tasks (read loops, heartbeats, probes) stop them

@@ -27,9 +27,10 @@ from gateway.detokenizer import IncrementalDetokenizer, Tokenizer
 from gateway.engine_client import EngineDeadError, EngineError, RequestFailedError
 from gateway.errors import APIError, EngineUnavailable, InternalError, InvalidRequest
 from gateway.logprobs import LogprobEntry, TokenTexts
+from gateway.output_options import OutputOptions
 from gateway.stop_strings import StopStringMatcher
 from gateway.tenancy.admission import Principal, Ticket
-from shared.protocol import DEADLINE_EXCEEDED, REQUEST_FAILED, AddRequest, Finished, TokenDelta
+from shared.protocol import DEADLINE_EXCEEDED, REQUEST_FAILED, AddRequest, Finished, TokenDelta, TokenLogprob
 from shared.sampling import SamplingParams
 from shared.structured import GrammarSpec
 
@@ -84,6 +85,8 @@ class ChoiceDelta:
     logprobs: list[LogprobEntry] = field(default_factory=list)
     """The tokens this delta consumed, when the request asked for logprobs (their text may still be
     held back by a possible stop string: logprobs go out with the token, text when it is final)."""
+    token_ids: list[int] = field(default_factory=list)
+    """The tokens this delta consumed (return_token_ids)."""
 
 
 @dataclass
@@ -122,6 +125,10 @@ class Generation:
     """Told of token arrivals and the end (metrics and the access log); None in unit tests."""
     grammar: GrammarSpec | None = None
     """Structured output the engine constrains every sample to."""
+    options: OutputOptions = OutputOptions()
+    """vLLM's text options (special tokens, stop string kept, prompt only)."""
+    prompt_logprobs: list[TokenLogprob] = field(init=False, default_factory=list)
+    """The engine's prompt logprobs (tokens 1.. of the prompt), when the request asked for them."""
     failed: bool = field(init=False, default=False)
     """The request ended in an error (engine or internal), not by finishing or a client leaving."""
     usage: Usage = field(init=False)
@@ -133,7 +140,8 @@ class Generation:
     def __post_init__(self) -> None:
         self.usage = Usage(prompt_tokens=len(self.prompt_token_ids))
         self._samples = [
-            _Sample(IncrementalDetokenizer(self.tokenizer, self.prompt_token_ids), StopStringMatcher(self.stop))
+            _Sample(IncrementalDetokenizer(self.tokenizer, self.prompt_token_ids, self.options.skip_special_tokens),
+                    StopStringMatcher(self.stop, self.options.include_stop_str))
             for _ in range(self.sampling.n)
         ]
         if self.ticket is not None:
@@ -203,7 +211,14 @@ class Generation:
                                 code="internal_error") from e
 
     def _on_delta(self, sample: _Sample, item: TokenDelta) -> list[ChoiceDelta]:
+        if item.prompt_logprobs:
+            self.prompt_logprobs = list(item.prompt_logprobs)
+        if self.options.prompt_only:  # max_tokens 0: the one sampled token is dropped, never counted
+            self.usage.cached_tokens = item.num_cached_tokens
+            return [ChoiceDelta(item.index, "")]
         out = self._text_deltas(sample, item)
+        if out:
+            out[0] = dataclasses.replace(out[0], token_ids=list(item.new_token_ids))
         if self._token_texts is None or not item.logprobs:
             return out
         entries = self._token_texts.entries(item.index, item.new_token_ids, item.logprobs)

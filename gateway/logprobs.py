@@ -45,6 +45,10 @@ class TokenTexts:
                                                                                 skip_special_tokens=False))
         self._offsets = [0] * num_choices
 
+    def text(self, token_id: int) -> str:
+        """One id's own text (special tokens kept; part of a character reads as U+FFFD)."""
+        return str(self._text(token_id))
+
     def entries(self, index: int, token_ids: list[int], logprobs: list[TokenLogprob]) -> list[LogprobEntry]:
         """Choice `index`'s new tokens with their logprobs (one TokenLogprob per token)."""
         out = []

@@ -14,6 +14,7 @@ from typing import Any
 import anyio.to_thread
 
 from gateway.errors import InvalidRequest
+from gateway.output_options import TemplateOptions
 from gateway.tokenizer import ChatTemplateError, TextTokenizer
 from gateway.tools import ToolPlan, template_knows_tools, tool_prompt_messages
 from shared.model_store import resolve_model
@@ -34,11 +35,14 @@ class Prompts:
         return cls(await anyio.to_thread.run_sync(_load))
 
     async def chat(self, messages: list[dict[str, Any]], tools: ToolPlan | None = None,
-                   add_generation_prompt: bool = True, add_special_tokens: bool = False) -> list[int]:
-        return await anyio.to_thread.run_sync(self._chat, messages, tools, add_generation_prompt, add_special_tokens)
+                   add_generation_prompt: bool = True, add_special_tokens: bool = False,
+                   template: TemplateOptions | None = None) -> list[int]:
+        if template is None:
+            template = TemplateOptions(add_generation_prompt=add_generation_prompt)
+        return await anyio.to_thread.run_sync(self._chat, messages, tools, template, add_special_tokens)
 
-    def _chat(self, messages: list[dict[str, Any]], tools: ToolPlan | None = None,
-              add_generation_prompt: bool = True, add_special_tokens: bool = False) -> list[int]:
+    def _chat(self, messages: list[dict[str, Any]], tools: ToolPlan | None,
+              template: TemplateOptions, add_special_tokens: bool = False) -> list[int]:
         if self.tokenizer.chat_template is None:
             raise InvalidRequest("this model has no chat template; use /v1/completions", param="messages")
         offered = tools.tools if tools is not None and tools.choice != "none" else None
@@ -46,8 +50,9 @@ class Prompts:
             # The template renders role and content only: tools, calls and results go in as text.
             messages, offered = tool_prompt_messages(messages, tools), None
         try:
-            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
-                                                      tools=offered)
+            text = self.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=template.add_generation_prompt, tools=offered,
+                continue_final_message=template.continue_final_message, template_kwargs=template.kwargs)
         except ChatTemplateError as e:  # the template's own checks (role order...)
             raise InvalidRequest(f"messages do not fit the model's chat template: {e}", param="messages") from None
         # The template already wrote the special tokens (BOS, <|im_start|>...).

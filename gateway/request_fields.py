@@ -32,28 +32,16 @@ REFUSED_UNLESS_NEUTRAL: dict[str, tuple[Any, ...]] = {
     "prediction": (),
     "web_search_options": (),
     "suffix": ("",),
-    "echo": (False,),
     "best_of": (1,),
     # vLLM's extensions that change the tokens, the prompt or the response body.
     "use_beam_search": (False,),
     "length_penalty": (1, 1.0),
     "watermarking": (False,),
-    "include_stop_str_in_output": (False,),
-    "skip_special_tokens": (True,),
-    "spaces_between_special_tokens": (True,),
-    "truncate_prompt_tokens": (),
-    "prompt_logprobs": (),
     "logprob_token_ids": (),
-    "allowed_token_ids": (),
-    "bad_words": ([],),
-    "add_generation_prompt": (True,),
-    "continue_final_message": (False,),
     "documents": (),
     "chat_template": (),
-    "chat_template_kwargs": ({},),
     "priority": (0,),
     "cache_salt": (),
-    "return_token_ids": (False,),
     "return_tokens_as_token_ids": (False,),
     "repetition_detection": (),
     "prompt_embeds": (),
@@ -62,8 +50,9 @@ REFUSED_UNLESS_NEUTRAL: dict[str, tuple[Any, ...]] = {
 """Known fields we cannot honour: accepted only at these values or null, else a 400 naming them."""
 
 NEUTRAL_BY_ENDPOINT: dict[str, dict[str, tuple[Any, ...]]] = {
-    "chat": {"add_special_tokens": (False,)},
-    "completion": {"add_special_tokens": (True,)},
+    "chat": {"add_special_tokens": (False,), "echo": (False,)},
+    "completion": {"add_special_tokens": (True,), "add_generation_prompt": (True,),
+                   "continue_final_message": (False,), "chat_template_kwargs": ({},)},
 }
 """Neutral values that differ between the two endpoints (the chat template writes its own BOS)."""
 

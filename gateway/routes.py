@@ -2,6 +2,7 @@
 
     POST /v1/chat/completions   chat messages -> chat template -> tokens -> serving
     POST /v1/completions        prompt (text or token ids) -> tokens -> serving
+    POST /v1/responses          OpenAI's Responses API over the chat path, stateless (responses_api.py)
     GET  /v1/models, /v1/models/{model}   the one model the engine serves (models_api.py)
     POST /tokenize, /detokenize vLLM's tokenizer endpoints (tokenize_api.py)
     GET  /openapi.json          the API document, generated from the request models (openapi.py)
@@ -26,6 +27,7 @@ from gateway.auth import bearer_key, check_key_first
 from gateway.body import read_json_object
 from gateway.models_api import check_model, get_model, list_models
 from gateway.openapi import openapi_json
+from gateway.responses_api import responses
 from gateway.schemas import GenerationSettings, parse_chat, parse_completion
 from gateway.serving import PromptInput, plan, serve
 from gateway.state import GatewayState, get_state
@@ -38,7 +40,8 @@ async def chat_completions(request: Request) -> ASGIApp:
     await check_key_first(key, state.store, state.recent_keys)
     chat = parse_chat(await _read_body(request, state))
     _check_settings(state, chat.settings)
-    prompt = PromptInput(await state.prompts.chat(chat.messages, chat.tools), param="messages")
+    prompt = PromptInput(await state.prompts.chat(chat.messages, chat.tools, template=chat.template),
+                         param="messages")
     return await serve(request, state, plan(state, "chat", chat.settings, prompt), key)
 
 
@@ -48,7 +51,8 @@ async def completions(request: Request) -> ASGIApp:
     await check_key_first(key, state.store, state.recent_keys)
     completion = parse_completion(await _read_body(request, state))
     _check_settings(state, completion.settings)
-    prompt = PromptInput(await state.prompts.completion(completion.prompt), param="prompt")
+    prompt = PromptInput(await state.prompts.completion(completion.prompt), param="prompt",
+                         text=completion.prompt if isinstance(completion.prompt, str) else None)
     return await serve(request, state, plan(state, "completion", completion.settings, prompt), key)
 
 
@@ -77,6 +81,7 @@ def _check_settings(state: GatewayState, settings: GenerationSettings) -> None:
 ROUTES = [
     Route("/v1/chat/completions", chat_completions, methods=["POST"]),
     Route("/v1/completions", completions, methods=["POST"]),
+    Route("/v1/responses", responses, methods=["POST"]),
     Route("/v1/models", list_models, methods=["GET"]),
     Route("/v1/models/{model:path}", get_model, methods=["GET"]),
     Route("/tokenize", tokenize, methods=["POST"]),

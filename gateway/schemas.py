@@ -25,6 +25,7 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from gateway.errors import InvalidRequest
+from gateway.output_options import OutputOptions, TemplateOptions, allowed_ids
 from gateway.request_fields import split_fields
 from gateway.response_format import STRUCTURED_FIELDS, grammar_from_body
 from gateway.tools import ToolPlan, plan_tools
@@ -90,6 +91,15 @@ class _Body(BaseModel):
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
+    # vLLM's output options (gateway/output_options.py says where each acts).
+    include_stop_str_in_output: bool | None = None
+    skip_special_tokens: bool | None = None
+    spaces_between_special_tokens: bool | None = None
+    allowed_token_ids: list[TokenId] | None = None
+    bad_words: list[str] | None = None
+    truncate_prompt_tokens: Annotated[int, Field(ge=-1, le=INT32_MAX), WHOLE] | None = None
+    return_token_ids: bool | None = None
+    prompt_logprobs: Int | None = None
 
 
 class StreamOptions(BaseModel):
@@ -140,14 +150,20 @@ class _ChatBody(_Body):
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     """Accepted; a forced call is one call, an auto one is what the model writes."""
+    add_generation_prompt: bool | None = None
+    continue_final_message: bool | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 class _CompletionBody(_Body):
     model_config = ConfigDict(title="CompletionRequest")
 
     prompt: str | list[str] | list[TokenId] = Field(min_length=1)
+    max_tokens: Annotated[int, Field(ge=0, le=INT32_MAX), WHOLE] | None = None
+    """0 only with echo: the prompt alone (its logprobs with logprobs)."""
     logprobs: Int | None = None
     """How many alternatives per token (0-20); the sampled token's logprob comes with any value."""
+    echo: bool | None = None
 
 
 _B = TypeVar("_B", bound=_Body)
@@ -175,6 +191,8 @@ class GenerationSettings:
     """Structured output (response_format, guided_*, or a forced tool call) for the engine."""
     parse_tool_calls: bool = False
     """The request offered tools (tool_choice not "none"): the output's tool calls become tool_calls."""
+    output: OutputOptions = OutputOptions()
+    """vLLM's options on the prompt and the text (gateway/output_options.py)."""
 
     @property
     def stop_token_ids(self) -> tuple[int, ...]:
@@ -189,6 +207,7 @@ class ChatRequest:
     """[{"role", "content"}] with content flattened to text (plus tool_calls / tool_call_id where
     given), ready for the chat template."""
     tools: ToolPlan | None = None
+    template: TemplateOptions = TemplateOptions()
 
 
 @dataclass(frozen=True)
@@ -212,7 +231,8 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
         settings = dataclasses.replace(settings, grammar=tools.grammar)
     if tools is not None and tools.parse_calls:
         settings = dataclasses.replace(settings, parse_tool_calls=True)
-    return ChatRequest(settings, messages, tools)
+    return ChatRequest(settings, messages, tools, TemplateOptions.of(
+        parsed.add_generation_prompt, parsed.continue_final_message, parsed.chat_template_kwargs, messages))
 
 
 def _chat_logprobs(parsed: _ChatBody) -> int | None:
@@ -244,8 +264,15 @@ def _chat_message(m: ChatMessage, i: int) -> dict[str, Any]:
 
 def parse_completion(body: dict[str, Any]) -> CompletionRequest:
     parsed = _validate(_CompletionBody, body, "completion")
-    settings = _settings(parsed, parsed.max_tokens, "max_tokens", parsed.logprobs)
-    return CompletionRequest(settings, _one_prompt(parsed.prompt))
+    prompt_only = parsed.max_tokens == 0
+    if prompt_only and not parsed.echo:
+        raise InvalidRequest("max_tokens 0 needs echo (the prompt's text and logprobs alone)", param="max_tokens")
+    if parsed.echo and parsed.logprobs is not None and parsed.prompt_logprobs is None:
+        parsed = parsed.model_copy(update={"prompt_logprobs": parsed.logprobs})  # the echoed prompt's logprobs
+    # max_tokens 0: the engine samples one token (it has no prompt-only request), which the gateway drops.
+    settings = _settings(parsed, 1 if prompt_only else parsed.max_tokens, "max_tokens", parsed.logprobs)
+    output = dataclasses.replace(settings.output, echo=bool(parsed.echo), prompt_only=prompt_only)
+    return CompletionRequest(dataclasses.replace(settings, output=output), _one_prompt(parsed.prompt))
 
 
 def _one_prompt(prompt: str | list[str] | list[int]) -> str | list[int]:
@@ -317,6 +344,7 @@ def _settings(parsed: _Body, max_tokens: int | None, max_param: str, logprobs: i
             "repetition_penalty": parsed.repetition_penalty,
             "min_p": parsed.min_p,
             "logprobs": logprobs,
+            "prompt_logprobs": parsed.prompt_logprobs,
         }.items()
         if v is not None
     }
@@ -324,6 +352,8 @@ def _settings(parsed: _Body, max_tokens: int | None, max_param: str, logprobs: i
         fields["stop_token_ids"] = tuple(parsed.stop_token_ids)
     if parsed.logit_bias is not None:
         fields["logit_bias"] = _logit_bias(parsed.logit_bias)
+    if parsed.allowed_token_ids is not None:
+        fields["allowed_token_ids"] = allowed_ids(parsed.allowed_token_ids)
     grammar = grammar_from_body({name: getattr(parsed, name) for name in STRUCTURED_FIELDS})
     return GenerationSettings(
         grammar=grammar,
@@ -336,6 +366,13 @@ def _settings(parsed: _Body, max_tokens: int | None, max_param: str, logprobs: i
         continuous_usage=bool(parsed.stream_options and parsed.stream_options.include_usage
                               and parsed.stream_options.continuous_usage_stats),
         max_param=max_param,
+        output=OutputOptions(
+            include_stop_str=bool(parsed.include_stop_str_in_output),
+            skip_special_tokens=parsed.skip_special_tokens is not False,
+            return_token_ids=bool(parsed.return_token_ids),
+            bad_words=tuple(parsed.bad_words or ()),
+            truncate_prompt_tokens=parsed.truncate_prompt_tokens,
+        ),
     )
 
 

@@ -15,7 +15,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from types import MappingProxyType
+from typing import Any, Protocol
 
 import anyio
 from starlette.requests import Request
@@ -25,8 +28,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from gateway.auth import admit
 from gateway.errors import APIError, InternalError
 from gateway.generation import Generation
-from gateway.logprobs import LogprobEntry
-from gateway.openai_format import Endpoint, ResponseFormat, id_prefix, new_request_id
+from gateway.logprobs import LogprobEntry, TokenTexts
+from gateway.openai_format import Endpoint, ResponseFormat, id_prefix
+from gateway.output_options import bad_words_token_ids, truncate_prompt
+from gateway.prompt_echo import echo_choice, echo_logprobs, prompt_fields, prompt_logprobs_body
 from gateway.request_context import record_of
 from gateway.sampling_plan import DecidedSampling, OutputLimits, decide_sampling
 from gateway.schemas import GenerationSettings
@@ -44,6 +49,8 @@ class PromptInput:
     token_ids: list[int]
     param: str
     """The body field the prompt came from ("messages" or "prompt"), for errors."""
+    text: str | None = None
+    """A completion's prompt as the client wrote it (what echo returns); None: decoded from the ids."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +74,7 @@ def plan(state: GatewayState, endpoint: Endpoint, settings: GenerationSettings, 
     reservation (gateway/sampling_plan.py); 400 or 503 (engine down) before any quota is touched."""
     engine = state.engine_client()
     info = engine.model_info
+    settings, prompt = _apply_output_options(state, settings, prompt, info.max_model_len)
     vocab = vocab_size_of(info.vocab_size, state.prompts.vocab_size)
     check_token_ids(prompt.token_ids, vocab, prompt.param)
     check_token_ids(settings.stop_token_ids, vocab, "stop_token_ids")
@@ -76,14 +84,46 @@ def plan(state: GatewayState, endpoint: Endpoint, settings: GenerationSettings, 
     return Plan(endpoint, settings, prompt, engine, decided)
 
 
-async def serve(request: Request, state: GatewayState, plan: Plan, key: str) -> ASGIApp:
-    """Admit (key and quota: one Redis round trip), submit, then stream or answer whole.
+def _apply_output_options(state: GatewayState, settings: GenerationSettings, prompt: PromptInput,
+                          max_model_len: int) -> tuple[GenerationSettings, PromptInput]:
+    """truncate_prompt_tokens on the ids, bad_words tokenized into the sampling fields (vLLM's rules)."""
+    out = settings.output
+    keep = out.truncate_prompt_tokens
+    if keep is not None and keep < len(prompt.token_ids) or keep == -1:
+        ids = truncate_prompt(prompt.token_ids, keep, max_model_len)
+        prompt = dataclasses.replace(prompt, token_ids=ids, text=None if ids != prompt.token_ids else prompt.text)
+    if out.bad_words:
+        words = bad_words_token_ids(out.bad_words, state.prompts.tokenizer)
+        fields = MappingProxyType({**settings.sampling_fields, "bad_words_token_ids": words})
+        settings = dataclasses.replace(settings, sampling_fields=fields)
+    return settings, prompt
+
+
+class Responder(Protocol):
+    """Another response shape over the same generation (gateway/responses_api.py's /v1/responses)."""
+
+    id_prefix: str
+
+    def events(self, gen: Generation, request_id: str) -> AsyncIterator[bytes]:
+        """The whole SSE stream of a streamed request."""
+        ...
+
+    def body(self, gen: Generation, request_id: str, text: str, finish_reason: str) -> dict[str, Any]:
+        """The JSON body of a whole request (one choice)."""
+        ...
+
+
+async def serve(request: Request, state: GatewayState, plan: Plan, key: str,
+                responder: Responder | None = None) -> ASGIApp:
+    """Admit (key and quota: one Redis round trip), submit, then stream or answer whole, in OpenAI's
+    chat or completions shapes, or `responder`'s.
 
     Settlement runs after the last byte is handed to the server, so it never delays the client.
     """
     settings = plan.settings
     record = record_of(request)
-    request_id = record.engine_id(id_prefix(plan.endpoint)) if record is not None else new_request_id(plan.endpoint)
+    prefix = responder.id_prefix if responder is not None else id_prefix(plan.endpoint)
+    request_id = record.engine_id(prefix) if record is not None else prefix + uuid.uuid4().hex
     fmt = ResponseFormat(plan.endpoint, request_id, plan.engine.model_info.model_name, settings.include_usage,
                          settings.continuous_usage)
     admission_started = time.perf_counter()
@@ -107,6 +147,7 @@ async def serve(request: Request, state: GatewayState, plan: Plan, key: str) -> 
             ticket=ticket,
             observer=record,
             grammar=settings.grammar,
+            options=settings.output,
         )
     except BaseException:
         if ticket is not None:
@@ -119,11 +160,13 @@ async def serve(request: Request, state: GatewayState, plan: Plan, key: str) -> 
         raise
     if record is not None:
         record.submitted = True
+    parts = PromptParts(gen, plan.prompt, fmt.endpoint == "chat")
     if settings.stream:
-        return SSEResponse(_stream_events(gen, fmt, settings.parse_tool_calls), on_close=gen.close,
-                           headers=gen.response_headers)
+        events = (_stream_events(gen, fmt, settings.parse_tool_calls, parts) if responder is None
+                  else responder.events(gen, request_id))
+        return SSEResponse(events, on_close=gen.close, headers=gen.response_headers)
     try:
-        response = await _whole_response(request, gen, fmt, settings.parse_tool_calls)
+        response = await _whole_response(request, gen, fmt, settings.parse_tool_calls, parts, responder)
     except BaseException:
         with anyio.CancelScope(shield=True):
             await gen.close()
@@ -146,7 +189,43 @@ class ThenClose:
                 await self._on_close()
 
 
-async def _stream_events(gen: Generation, fmt: ResponseFormat, tool_calls: bool = False) -> AsyncIterator[bytes]:
+class PromptParts:
+    """A request's prompt-side additions (echo, prompt logprobs, token ids), added to a whole body or to
+    each choice's first chunk (gateway/prompt_echo.py); the prompt logprobs exist after the first delta."""
+
+    def __init__(self, gen: Generation, prompt: PromptInput, chat: bool) -> None:
+        self.gen, self.prompt, self.chat = gen, prompt, chat
+        self.options = gen.options
+        self._text_of = TokenTexts(gen.tokenizer, 1).text
+
+    @property
+    def active(self) -> bool:
+        """Anything to add: a completions stream then opens each choice with a chunk of its own."""
+        o = self.options
+        return o.echo or o.return_token_ids or self.gen.sampling.prompt_logprobs is not None
+
+    def add(self, body: dict[str, Any], choice: dict[str, Any]) -> None:
+        ids = self.prompt.token_ids
+        lps = self.gen.prompt_logprobs
+        wants = self.gen.sampling.prompt_logprobs is not None
+        if self.options.echo:
+            text = self.prompt.text
+            if text is None:
+                text = self.gen.tokenizer.decode(ids, skip_special_tokens=self.options.skip_special_tokens)
+            echo_choice(choice, text, echo_logprobs(ids, lps, self._text_of) if wants else None,
+                        self.options.prompt_only)
+        plp = prompt_logprobs_body(ids, lps, self._text_of) if wants and not self.options.echo else None
+        prompt_fields(body, choice, self.chat, ids if self.options.return_token_ids else None, plp)
+
+    def whole(self, body: dict[str, Any], token_ids: list[list[int]]) -> None:
+        for choice, ids in zip(body["choices"], token_ids, strict=True):
+            if self.options.return_token_ids:
+                choice["token_ids"] = [] if self.options.prompt_only else ids
+            self.add(body, choice)
+
+
+async def _stream_events(gen: Generation, fmt: ResponseFormat, tool_calls: bool = False,
+                         parts: PromptParts | None = None) -> AsyncIterator[bytes]:
     # A chat choice's role chunk goes out with its first generated token, not at admission (vLLM's
     # order): clients stamp time to first token at the first chunk. A stream that ends before any
     # token carries no role chunk, only its error event. Every token goes out as a chunk, with empty
@@ -158,9 +237,14 @@ async def _stream_events(gen: Generation, fmt: ResponseFormat, tool_calls: bool 
     parsers = [ToolCallParser() for _ in range(gen.sampling.n)] if tool_calls else None
     try:
         async for delta in gen.deltas():
-            if fmt.endpoint == "chat" and delta.index not in announced:
+            if delta.index not in announced:
                 announced.add(delta.index)
-                yield sse_event(fmt.role_chunk(delta.index, gen.usage))
+                first = fmt.role_chunk(delta.index, gen.usage) if fmt.endpoint == "chat" else (
+                    fmt.text_chunk(delta.index, "", gen.usage))
+                if parts is not None:
+                    parts.add(first, first["choices"][0])
+                if fmt.endpoint == "chat" or (parts is not None and parts.active):
+                    yield sse_event(first)
             reason = delta.finish_reason
             if parsers is not None:
                 parser = parsers[delta.index]
@@ -168,7 +252,10 @@ async def _stream_events(gen: Generation, fmt: ResponseFormat, tool_calls: bool 
                     yield sse_event(fmt.event_chunk(delta.index, event, gen.usage))
                 reason = _with_calls(reason, parser.num_calls)
             elif delta.text or delta.logprobs or reason is None:  # one chunk per token, its text held back or not
-                yield sse_event(fmt.text_chunk(delta.index, delta.text, gen.usage, delta.logprobs))
+                chunk = fmt.text_chunk(delta.index, delta.text, gen.usage, delta.logprobs)
+                if gen.options.return_token_ids:
+                    chunk["choices"][0]["token_ids"] = delta.token_ids
+                yield sse_event(chunk)
             if reason is not None:
                 yield sse_event(fmt.finish_chunk(delta.index, reason, gen.usage))
     except APIError as e:
@@ -190,9 +277,11 @@ def _with_calls(reason: str | None, num_calls: int) -> str | None:
 
 
 async def _whole_response(request: Request, gen: Generation, fmt: ResponseFormat,
-                          tool_calls: bool = False) -> Response:
+                          tool_calls: bool = False, parts: PromptParts | None = None,
+                          responder: Responder | None = None) -> Response:
     n = gen.sampling.n
     texts: list[list[str]] = [[] for _ in range(n)]
+    token_ids: list[list[int]] = [[] for _ in range(n)]
     logprobs: list[list[LogprobEntry]] = [[] for _ in range(n)]
     reasons: list[str] = ["length"] * n
     disconnected = False
@@ -205,6 +294,7 @@ async def _whole_response(request: Request, gen: Generation, fmt: ResponseFormat
             try:
                 async for delta in gen.deltas():
                     texts[delta.index].append(delta.text)
+                    token_ids[delta.index] += delta.token_ids
                     logprobs[delta.index] += delta.logprobs
                     if delta.finish_reason is not None:
                         reasons[delta.index] = delta.finish_reason
@@ -228,10 +318,15 @@ async def _whole_response(request: Request, gen: Generation, fmt: ResponseFormat
         log.info("client of %s went away; aborting it", gen.request_id)
         return Response(status_code=499)  # nobody reads it; the finally aborts the engine request
     whole = ["".join(t) for t in texts]
+    if responder is not None:
+        return JSONResponse(responder.body(gen, fmt.request_id, whole[0], reasons[0]), headers=gen.response_headers)
     events = None
     if tool_calls:
         parsers = [ToolCallParser() for _ in range(n)]
         events = [p.feed(text) + p.finish() for p, text in zip(parsers, whole, strict=True)]
         reasons = [_with_calls(r, p.num_calls) or r for r, p in zip(reasons, parsers, strict=True)]
-    body = fmt.response(whole, reasons, gen.usage, logprobs if gen.sampling.logprobs is not None else None, events)
+    wants_logprobs = gen.sampling.logprobs is not None and not gen.options.prompt_only
+    body = fmt.response(whole, reasons, gen.usage, logprobs if wants_logprobs else None, events)
+    if parts is not None:
+        parts.whole(body, token_ids)
     return JSONResponse(body, headers=gen.response_headers)

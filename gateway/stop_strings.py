@@ -11,7 +11,8 @@ matcher releases text only once no suffix of it can start a stop string:
 
 Every occurrence of a stop string starts inside `pending` (anything emitted
 earlier could not begin one), so a stop is never missed and the earliest
-occurrence wins. It knows nothing about tokens, HTTP or the engine.
+occurrence wins. With `include` (vLLM's include_stop_str_in_output) the matched
+stop string is emitted too, and nothing after it. It knows nothing about tokens, HTTP or the engine.
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ class StopResult:
 
 
 class StopStringMatcher:
-    def __init__(self, stop: Sequence[str]) -> None:
+    def __init__(self, stop: Sequence[str], include: bool = False) -> None:
         assert all(stop), "stop strings are validated non-empty by the schema"
         self._stop = tuple(stop)
+        self._include = include
         self._held = ""
         self.stopped = False
 
@@ -40,11 +42,12 @@ class StopStringMatcher:
         if not self._stop:
             return StopResult(text, False)
         pending = self._held + text
-        hit = min((i for i in (pending.find(s) for s in self._stop) if i >= 0), default=-1)
+        # The earliest occurrence; at equal starts the longest string (what vLLM's include keeps).
+        hit, length = min(((i, -len(s)) for s in self._stop if (i := pending.find(s)) >= 0), default=(-1, 0))
         if hit >= 0:
             self._held = ""
             self.stopped = True
-            return StopResult(pending[:hit], True)
+            return StopResult(pending[: hit - length if self._include else hit], True)
         keep = self._longest_partial_suffix(pending)
         self._held = pending[len(pending) - keep :] if keep else ""
         return StopResult(pending[: len(pending) - keep], False)

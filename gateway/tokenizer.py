@@ -80,15 +80,30 @@ class TextTokenizer:
         return str(self._tok.id_to_token(token_id) or "")
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-                            tools: list[dict[str, Any]] | None = None) -> str:
-        """The rendered prompt text (special tokens written by the template itself)."""
+                            tools: list[dict[str, Any]] | None = None, continue_final_message: bool = False,
+                            template_kwargs: dict[str, Any] | None = None) -> str:
+        """The rendered prompt text (special tokens written by the template itself). `template_kwargs`
+        (chat_template_kwargs) are extra template variables; they never replace the ones set here.
+        `continue_final_message`: the text ends with the last message's content, its end-of-turn cut
+        (transformers' rule: cut after the last occurrence of the stripped content)."""
         if self._template is None:
             raise ChatTemplateError("this model has no chat template")
+        # The client's variables never shadow the template's helpers (raise_exception, strftime_now...).
+        extra = {k: v for k, v in (template_kwargs or {}).items() if k not in self._template.environment.globals}
+        variables = {**extra, "messages": messages, "add_generation_prompt": add_generation_prompt,
+                     "tools": tools, "documents": None, **self._special_tokens}
         try:
-            return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                         tools=tools, documents=None, **self._special_tokens)
+            text = self._template.render(**variables)
         except jinja2.exceptions.TemplateError as e:
             raise ChatTemplateError(str(e)) from None
+        except (TypeError, ValueError, AttributeError, KeyError) as e:  # chat_template_kwargs of the wrong type
+            raise ChatTemplateError(f"{type(e).__name__}: {e}") from None
+        if continue_final_message:
+            final = str(messages[-1].get("content") or "").strip()
+            if not final or final not in text:
+                raise ChatTemplateError("the final message's content is not in the rendered template")
+            text = text[: text.rindex(final) + len(final)]
+        return text
 
 
 def _token_text(value: Any) -> str | None:

@@ -130,6 +130,9 @@ class TokenDelta:
     num_cached_tokens: int
     logprobs: list[TokenLogprob] = field(default_factory=list)
     """One per new token when the request asked for logprobs, else empty."""
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
+    """With SamplingParams.prompt_logprobs, on the request's first delta (sample 0): one per prompt
+    token after the first (the first has no logprob: nothing precedes it), else empty."""
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,10 @@ UINT64_MAX = 2**64 - 1
 """A seed may use the whole unsigned range too (msgpack and torch.Generator.manual_seed hold it)."""
 MAX_STOP_TOKEN_IDS = 64
 """Each is compared with every sampled token and masked while min_tokens holds: keep the list short."""
+MAX_BAD_WORDS = 128
+"""Token sequences in one request's bad_words (each word is tokenized with and without a leading space)."""
+MAX_BAD_WORD_TOKENS = 32
+"""Tokens in one bad word: its prefix is compared with the output's tail every step."""
 GREEDY_BELOW = 1e-5
 """Temperatures under this sample greedily (vLLM's rule): logits / 1e-300 overflow to inf and NaN."""
 
@@ -65,6 +69,14 @@ class SamplingParams:
     logprobs: int | None = None
     """None: no log probabilities. k >= 0: the sampled token's and the k most likely tokens'
     (at most MAX_LOGPROBS), of the raw model output (vLLM V1's default `raw_logprobs`)."""
+    allowed_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    """vLLM's: only these ids may be sampled (every other logit -> -inf). Empty: no restriction."""
+    bad_words_token_ids: tuple[tuple[int, ...], ...] = field(default_factory=tuple)
+    """vLLM's bad_words, tokenized by the gateway: the last id of each sequence is banned at a step
+    whose previous output ids end with the sequence's other ids (a one-id sequence: always banned)."""
+    prompt_logprobs: int | None = None
+    """None: none. k >= 0: each prompt token's logprob (the first has none) and the k most likely
+    tokens at its position, from the prompt step's own logits (raw distribution, as `logprobs`)."""
 
     def __post_init__(self) -> None:
         self._check_ranges()
@@ -86,8 +98,10 @@ class SamplingParams:
         if self.seed is not None and not isinstance(self.seed, int):
             raise SamplingError("seed", "seed must be an integer")
         self._check_penalties()
-        if self.logprobs is not None and not (isinstance(self.logprobs, int) and 0 <= self.logprobs <= MAX_LOGPROBS):
-            raise SamplingError("logprobs", f"logprobs must be an integer between 0 and {MAX_LOGPROBS}")
+        for name in ("logprobs", "prompt_logprobs"):
+            k = getattr(self, name)
+            if k is not None and not (isinstance(k, int) and 0 <= k <= MAX_LOGPROBS):
+                raise SamplingError(name, f"{name} must be an integer between 0 and {MAX_LOGPROBS}")
 
     def _check_penalties(self) -> None:
         for name in ("presence_penalty", "frequency_penalty"):
@@ -107,10 +121,13 @@ class SamplingParams:
 
     def check_vocabulary(self, vocab_size: int) -> None:
         """Token ids this request names must exist in the model's vocabulary."""
-        bad = [t for t, _ in self.logit_bias if t >= vocab_size]
-        if bad:
-            raise SamplingError("logit_bias", f"logit_bias names token id {bad[0]}; the vocabulary has "
-                                              f"{vocab_size} tokens (ids 0 to {vocab_size - 1})")
+        named = (("logit_bias", [t for t, _ in self.logit_bias]), ("allowed_token_ids", self.allowed_token_ids),
+                 ("bad_words", [t for word in self.bad_words_token_ids for t in word]))
+        for param, ids in named:
+            bad = [t for t in ids if t >= vocab_size]
+            if bad:
+                raise SamplingError(param, f"{param} names token id {bad[0]}; the vocabulary has "
+                                           f"{vocab_size} tokens (ids 0 to {vocab_size - 1})")
 
     @property
     def uses_penalties(self) -> bool:
@@ -130,6 +147,13 @@ class SamplingParams:
             raise SamplingError("stop_token_ids", f"at most {MAX_STOP_TOKEN_IDS} stop_token_ids are allowed")
         if any(type(t) is not int or not 0 <= t <= INT64_MAX for t in ids):
             raise SamplingError("stop_token_ids", "stop_token_ids must be non-negative integers")
+        if any(type(t) is not int or not 0 <= t <= INT64_MAX for t in self.allowed_token_ids):
+            raise SamplingError("allowed_token_ids", "allowed_token_ids must be non-negative integers")
+        words = self.bad_words_token_ids
+        if len(words) > MAX_BAD_WORDS or any(not w or len(w) > MAX_BAD_WORD_TOKENS for w in words):
+            raise SamplingError("bad_words", f"at most {MAX_BAD_WORDS} bad words of 1 to {MAX_BAD_WORD_TOKENS} tokens")
+        if any(type(t) is not int or not 0 <= t <= INT64_MAX for w in words for t in w):
+            raise SamplingError("bad_words", "bad_words token ids must be non-negative integers")
 
     @property
     def greedy(self) -> bool:
@@ -147,6 +171,8 @@ class SamplingParams:
         d = asdict(self)
         d["stop_token_ids"] = list(self.stop_token_ids)
         d["logit_bias"] = [[t, b] for t, b in self.logit_bias]
+        d["allowed_token_ids"] = list(self.allowed_token_ids)
+        d["bad_words_token_ids"] = [list(w) for w in self.bad_words_token_ids]
         # Fields added after the first protocol travel only when set: a request that uses none
         # encodes to the same bytes as before (older peers, golden bytes, smaller frames).
         for name in _OPTIONAL_ON_WIRE:
@@ -161,12 +187,16 @@ class SamplingParams:
             known["stop_token_ids"] = tuple(known["stop_token_ids"])
         if "logit_bias" in known:
             known["logit_bias"] = tuple((t, b) for t, b in known["logit_bias"])
+        if "allowed_token_ids" in known:
+            known["allowed_token_ids"] = tuple(known["allowed_token_ids"])
+        if "bad_words_token_ids" in known:
+            known["bad_words_token_ids"] = tuple(tuple(w) for w in known["bad_words_token_ids"])
         return cls(**known)
 
 
 _DEFAULTS: dict[str, Any] = {
     "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0, "min_p": 0.0,
-    "logit_bias": [], "logprobs": None,
+    "logit_bias": [], "logprobs": None, "allowed_token_ids": [], "bad_words_token_ids": [], "prompt_logprobs": None,
 }
 """The wire form of the fields `to_dict` leaves out at these values."""
 _OPTIONAL_ON_WIRE = tuple(_DEFAULTS)

@@ -105,7 +105,9 @@ class BlockManager:
     def find_prefix(self, req: Request) -> PrefixHit:
         """Longest cached prefix of a request that holds no blocks; never its last token,
         which must be computed to sample the next one."""
-        if not self.enable_prefix_caching:
+        if not self.enable_prefix_caching or req.sampling.prompt_logprobs is not None:
+            # A cached prefix has no hidden states to take prompt logprobs from: such a request computes
+            # its whole prompt (vLLM's rule); its blocks are still cached for the requests after it.
             return PrefixHit()
         assert not self._tables.get(req.request_id), "prefix lookup is for requests without blocks"
         bs, tokens, hashes = self.block_size, req.all_token_ids, self.block_hashes(req)

@@ -97,7 +97,8 @@ class InFlightTable:
                 if entry.first_token_at is None:
                     entry.first_token_at = time.monotonic()
                 token_deltas.append(TokenDelta(d.request_id, d.index, list(d.new_token_ids), d.num_prompt_tokens,
-                                               d.num_output_tokens, d.num_cached_tokens, list(d.logprobs)))
+                                               d.num_output_tokens, d.num_cached_tokens, list(d.logprobs),
+                                               list(d.prompt_logprobs)))
             if d.finish_reason is not None:
                 finished.append(self._finish_one(d.request_id, d.index, d.finish_reason))  # type: ignore[arg-type]
         return out

@@ -4,6 +4,7 @@
     input_batch.py      one step as flat tensors: token ids, positions, slot mapping, block tables
     kv_cache.py         the device KV pool that attention reads and the CPU pool that swaps go to
     sampler.py          next-token choice per row: greedy, temperature, top-k, top-p, seeds
+    prompt_logprobs.py  prompt tokens' logprobs from the prompt's own step, gathered across chunks
     structured_outputs.py  grammars (xgrammar) -> each constrained row's allowed tokens, before sampling
     utf8_guard.py       ... narrowed to tokens that keep the row's bytes well-formed UTF-8
     host_allocator.py   glibc malloc kept from unmapping a step's large temporaries (set once per process);

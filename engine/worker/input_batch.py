@@ -5,7 +5,8 @@
     positions   (T,)   start_position .. start_position + len - 1 per chunk
     slot_mapping (T,)  block_ids[p // block_size] * block_size + p % block_size
     seq_lens    (B,)   start_position + len: tokens in the cache after the write
-    logits_indices (N,) the last row of every chunk that samples (only these reach lm_head)
+    logits_indices (N + P,) the last row of every chunk that samples (only these reach lm_head), then
+                   the P prompt rows of requests that asked for prompt_logprobs (row p predicts token p+1)
 
 Decodes go first, sorted by context length, so that the CPU attention plan's
 decode groups are contiguous row ranges. Everything is computed from host-side
@@ -14,7 +15,7 @@ Python lists; no tensor is read back. Knows nothing about the model's weights.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -34,6 +35,30 @@ class StepInputs:
     """(N,) int64 rows whose hidden state is turned into logits."""
     sampled: list[ScheduledChunk]
     """The N chunks that sample, in logits_indices order."""
+    prompt_rows: list[PromptRows] = field(default_factory=list)
+    """After the N sampled rows, in logits_indices order: rows whose logits give prompt logprobs."""
+
+    @property
+    def has_logits(self) -> bool:
+        """Whether lm_head runs this step (every tensor-parallel rank must agree: it is a collective)."""
+        return bool(self.sampled or self.prompt_rows)
+
+
+@dataclass(frozen=True)
+class PromptRows:
+    """A chunk's rows that predict prompt tokens: logits rows for prompt positions first .. first + count - 1."""
+
+    chunk: ScheduledChunk
+    first: int
+    """The first predicted prompt position (>= 1: nothing predicts token 0)."""
+    count: int
+
+
+def prompt_rows_of(c: ScheduledChunk) -> int:
+    """How many of the chunk's rows predict a prompt token (its row j predicts position start + j + 1)."""
+    if c.sampling.prompt_logprobs is None:
+        return 0
+    return max(0, min(len(c.token_ids), len(c.prompt_token_ids) - 1 - c.start_position))
 
 
 def order_chunks(chunks: list[ScheduledChunk]) -> list[ScheduledChunk]:
@@ -51,6 +76,8 @@ def build_step_inputs(
     positions: list[int] = []
     query_lens, seq_lens, tables, starts, logits_rows = [], [], [], [0], []
     sampled: list[ScheduledChunk] = []
+    prompt_rows: list[PromptRows] = []
+    prompt_row_ids: list[int] = []
     for c in chunks:
         n = len(c.token_ids)
         if n == 0:
@@ -64,6 +91,10 @@ def build_step_inputs(
         if c.sample:
             logits_rows.append(starts[-1] - 1)
             sampled.append(c)
+        wanted = prompt_rows_of(c)
+        if wanted:
+            prompt_rows.append(PromptRows(c, c.start_position + 1, wanted))
+            prompt_row_ids.extend(range(starts[-2], starts[-2] + wanted))
     max_blocks = max(len(t) for t in tables)
     attention_plan = attention.plan(query_lens, seq_lens, tables, block_size, device)
     if attention_plan is not None:
@@ -83,6 +114,7 @@ def build_step_inputs(
         input_ids=torch.tensor(token_ids, dtype=torch.int64, device=device),
         positions=torch.tensor(positions, dtype=torch.int64, device=device),
         meta=meta,
-        logits_indices=torch.tensor(logits_rows, dtype=torch.int64, device=device),
+        logits_indices=torch.tensor(logits_rows + prompt_row_ids, dtype=torch.int64, device=device),
         sampled=sampled,
+        prompt_rows=prompt_rows,
     )

@@ -11,6 +11,9 @@ Definitions (the tests compare each with transformers' logits processors):
 
     min_tokens          EOS and stop ids -> -inf until min_tokens were generated (a row a
                         grammar restricts to them keeps them: the grammar wins)
+    allowed_token_ids   every id not listed -> -inf                          (vLLM)
+    bad_words           a word's last id -> -inf when the output ends with its other ids (vLLM's
+                        NoBadWordsLogitsProcessor; a one-token word is always banned)
     logit_bias          logits[id] += bias                  (OpenAI; SequenceBiasLogitsProcessor)
     repetition_penalty  for ids in prompt or output: l > 0 ? l / p : l * p
                         (transformers' RepetitionPenaltyLogitsProcessor, vLLM's)
@@ -76,6 +79,35 @@ def _mask_unless_emptied(logits: torch.Tensor, rows: torch.Tensor, cols: torch.T
     logits[rows, cols] = float("-inf")
     emptied = ~torch.isfinite(logits[rows]).any(dim=-1)  # (E,) per entry, its row's verdict
     logits[rows, cols] = torch.where(emptied, kept, torch.full_like(kept, float("-inf")))
+
+
+def apply_allowed_tokens(logits: torch.Tensor, chunks: Sequence[ScheduledChunk]) -> None:
+    """Rows with allowed_token_ids keep only those ids' logits (one masked copy of those rows)."""
+    picked = [i for i, c in enumerate(chunks) if c.sampling.allowed_token_ids]
+    if not picked:
+        return
+    rows = _ids(picked, logits.device)
+    keep = torch.zeros(len(picked), logits.shape[1], dtype=torch.bool, device=logits.device)  # (P, V)
+    flat_rows = [r for r, i in enumerate(picked) for _ in chunks[i].sampling.allowed_token_ids]
+    flat_cols = [t for i in picked for t in chunks[i].sampling.allowed_token_ids]
+    keep[_ids(flat_rows, logits.device), _ids(flat_cols, logits.device)] = True
+    logits[rows] = logits[rows].masked_fill(~keep, float("-inf"))
+
+
+def apply_bad_words(logits: torch.Tensor, chunks: Sequence[ScheduledChunk]) -> None:
+    """Ban each bad word's last id where the output's tail matches the word's other ids (host-side
+    comparison of short id lists; one scatter for the whole batch)."""
+    rows: list[int] = []
+    cols: list[int] = []
+    for i, c in enumerate(chunks):
+        out = c.output_token_ids
+        for word in c.sampling.bad_words_token_ids:
+            prefix = word[:-1]
+            if len(prefix) <= len(out) and (not prefix or tuple(out[len(out) - len(prefix):]) == prefix):
+                rows.append(i)
+                cols.append(word[-1])
+    if rows:
+        logits[_ids(rows, logits.device), _ids(cols, logits.device)] = float("-inf")
 
 
 def apply_logit_bias(logits: torch.Tensor, chunks: Sequence[ScheduledChunk]) -> None:

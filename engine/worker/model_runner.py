@@ -3,6 +3,7 @@
     SchedulerOutput ─> KVCache.move_blocks (swap out / swap in / copy, batched)
                     ─> build_step_inputs (flat tensors, attention plan)
                     ─> model.forward over all rows ─> lm_head on sampled rows only
+                       (and the prompt rows of requests asking for prompt logprobs: prompt_logprobs.py)
                     ─> Sampler ─> RunnerOutput {request_id: token}
 
 The runner owns the device: the model, the KV cache tensors and the sampler's
@@ -25,6 +26,7 @@ from engine.worker.kv_cache import CacheLayout, KVCache
 from engine.worker.layers.attention import KernelPagedAttention, PagedAttentionOp, TorchPagedAttention
 from engine.worker.models.decoder import DecoderModel
 from engine.worker.native_layers import NativeLayers
+from engine.worker.prompt_logprobs import PromptLogprobs
 from engine.worker.sampler import Sampler
 from engine.worker.structured_outputs import StructuredOutputs
 from pageserve_kernels import prefill_choice
@@ -69,6 +71,8 @@ class ModelRunner:
         self.fast_forward: DecodeGraphs | NativeLayers | None = None
         """Decode-only steps without the Python forward: recorded CUDA graphs, or the CPU's C++ layer loop
         (EngineCore sets it up at start-up; its forward returns None for steps it does not cover)."""
+        self.prompt_logprobs = PromptLogprobs()
+        """Prompt logprobs of requests whose prompt spans several chunks, until its end is computed."""
         self.before_step: Callable[[SchedulerOutput], None] | None = None
         """Tensor parallelism: sends the step to the other ranks first (engine/worker/parallel/leader.py)."""
 
@@ -76,6 +80,7 @@ class ModelRunner:
         if self.before_step is not None:
             self.before_step(out)
         self.sampler.forget(out.finished_request_ids)
+        self.prompt_logprobs.forget(out.finished_request_ids)
         if self.structured is not None:
             self.structured.forget(out.finished_request_ids)
         try:
@@ -90,9 +95,14 @@ class ModelRunner:
             if hidden is None:
                 hidden = self.model(inputs.input_ids, inputs.positions, self.kv_cache.layers, inputs.meta,
                                     self.attention)
-            if not inputs.sampled:
+            if not inputs.has_logits:
                 return RunnerOutput({})
-            logits = self.model.compute_logits(hidden[inputs.logits_indices])  # (N, V) float32
+            all_logits = self.model.compute_logits(hidden[inputs.logits_indices])  # (N + P, V) float32
+            n = len(inputs.sampled)
+            prompt = self.prompt_logprobs.collect(all_logits[n:], inputs.prompt_rows) if inputs.prompt_rows else {}
+            if not n:
+                return RunnerOutput({})
+            logits = all_logits[:n] if inputs.prompt_rows else all_logits  # (N, V)
             if self.structured is not None:  # structured outputs: banned tokens of constrained rows -> -inf
                 self.structured.mask(logits, inputs.sampled)
             sampled = self.sampler.sample_with_logprobs(logits, inputs.sampled)
@@ -100,4 +110,4 @@ class ModelRunner:
                 self.structured.advance(inputs.sampled, sampled.token_ids)
         ids = [c.request_id for c in inputs.sampled]
         return RunnerOutput(dict(zip(ids, sampled.token_ids, strict=True)),
-                            {ids[row]: lp for row, lp in sampled.logprobs.items()})
+                            {ids[row]: lp for row, lp in sampled.logprobs.items()}, prompt)

@@ -8,7 +8,7 @@ One step, in vLLM V1's order, every transform over only the rows that use it
     0. the `processors` given at construction (a grammar's bitmask: the one place
        where per-row masks from outside the sampler enter), in order, in place
     1. raw logprobs of the rows that asked for them (engine/worker/logprobs.py)
-    2. min_tokens mask, logit_bias, then repetition, frequency and presence penalties
+    2. allowed_token_ids and bad_words masks, min_tokens mask, logit_bias, then repetition, frequency and presence penalties
     3. greedy rows (temperature 0): one argmax over all of them at once
     4. random rows: temperature, min_p, top-k/top-p, then argmax(p / noise) with
        noise ~ Exp(1) drawn from the request's own generator: a draw from Categorical(p)
@@ -38,6 +38,8 @@ import torch
 from engine.outputs import ScheduledChunk
 from engine.worker.logits_processors import (
     BatchLogitsProcessor,
+    apply_allowed_tokens,
+    apply_bad_words,
     apply_logit_bias,
     apply_min_p,
     apply_penalties,
@@ -88,6 +90,8 @@ class Sampler:
         for processor in self.processors:
             processor(logits, rows)
         raw = take_raw(logits, rows)
+        apply_allowed_tokens(logits, rows)
+        apply_bad_words(logits, rows)
         mask_min_tokens(logits, rows)
         apply_logit_bias(logits, rows)
         apply_penalties(logits, rows)

@@ -29,6 +29,15 @@ def _logprobs(request: AddRequest, token: int) -> list[TokenLogprob]:
     return [TokenLogprob(-0.25, [token + i for i in range(k)], [-0.25 - i for i in range(k)])]
 
 
+def _prompt_logprobs(request: AddRequest) -> list[TokenLogprob]:
+    """Made-up prompt logprobs when asked: token i of the prompt gets -i/100, its own id the best."""
+    k = request.sampling.prompt_logprobs
+    if k is None:
+        return []
+    return [TokenLogprob(-i / 100, [t] + [t + 1 + j for j in range(k - 1)] if k else [], [-i / 100] * k)
+            for i, t in enumerate(request.prompt_token_ids[1:], start=1)]
+
+
 @dataclass
 class Script:
     samples: list[list[int]]
@@ -57,8 +66,10 @@ class FakeStream:
             await asyncio.sleep(0.001)
             for index, tokens in enumerate(script.samples):
                 if step < len(tokens):
+                    first = step == 0 and index == 0
                     self._queue.put_nowait(TokenDelta(request.request_id, index, [tokens[step]], n_prompt,
-                                                      step + 1, 0, _logprobs(request, tokens[step])))
+                                                      step + 1, 0, _logprobs(request, tokens[step]),
+                                                      _prompt_logprobs(request) if first else []))
         if script.fail is not None:
             self._queue.put_nowait(script.fail)
             return

@@ -65,7 +65,7 @@ GOLDEN_HEX = {
         "cb4000000000000000a173c0"
     ),
     "Abort": "920492a161a162",
-    "StepOutputs": "94059197a57265712d3100922ace00011170030200909195a57265712d3100a66c656e67746893030200c009",
+    "StepOutputs": "94059198a57265712d3100922ace0001117003020090909195a57265712d3100a66c656e67746893030200c009",
     "Error": (
         "9606a57265712d31a772657175657374ae746f6b656e206964203520626164b0726571756573745f72656a6563746564"
         "a670726f6d7074"
@@ -118,6 +118,13 @@ OLDER_PEER_HEX = {
     "StepOutputs with logprobs": (
         "94059197a57265712d3100922ace00011170030200909194a57265712d3100a66c656e6774689303020009",
         SAMPLES["StepOutputs"]),
+    # its TokenDelta before prompt_logprobs
+    "StepOutputs with logprobs, before prompt_logprobs": (
+        "94059197a57265712d3100922ace00011170030200909195a57265712d3100a66c656e67746893030200c009",
+        SAMPLES["StepOutputs"]),
+    "StepOutputs with a token's logprobs, before prompt_logprobs": (
+        "94059197a57265712d3200912a0101009193cbbfe0000000000000922a0792cbbfe0000000000000cbbff40000000000009003",
+        StepOutputs([TokenDelta("req-2", 0, [42], 1, 1, 0, [TokenLogprob(-0.5, [42, 7], [-0.5, -1.25])])], [], 3)),
     # its TokenDelta before logprobs
     "StepOutputs": (
         "94059196a57265712d3100922ace000111700302009194a57265712d3100a66c656e6774689303020009", SAMPLES["StepOutputs"]),
@@ -145,7 +152,21 @@ EXTENDED: dict[str, tuple[Message, str]] = {
     ),
     "StepOutputs": (
         StepOutputs([TokenDelta("req-2", 0, [42], 1, 1, 0, [TokenLogprob(-0.5, [42, 7], [-0.5, -1.25])])], [], 3),
-        "94059197a57265712d3200912a0101009193cbbfe0000000000000922a0792cbbfe0000000000000cbbff40000000000009003",
+        "94059198a57265712d3200912a0101009193cbbfe0000000000000922a0792cbbfe0000000000000cbbff4000000000000909003",
+    ),
+    "StepOutputs with prompt logprobs": (
+        StepOutputs([TokenDelta("req-4", 0, [42], 3, 1, 0, [], [TokenLogprob(-0.5, [9], [-0.25]),
+                                                                 TokenLogprob(-2.0, [7], [-2.0])])], [], 4),
+        "94059198a57265712d3400912a030100909293cbbfe0000000000000910991cbbfd000000000000093cbc000000000000000910791"
+        "cbc0000000000000009004",
+    ),
+    "AddRequest with allowed ids, bad words and prompt logprobs": (
+        AddRequest("req-5", [1], SamplingParams(allowed_token_ids=(3, 4), bad_words_token_ids=((5, 6), (7,)),
+                                                prompt_logprobs=1)),
+        "9a03a57265712d3591018ca16e01ab74656d7065726174757265cb3ff0000000000000a5746f705f70cb3ff0000000000000a5746f"
+        "705f6b00a473656564c0aa6d61785f746f6b656e7310aa6d696e5f746f6b656e7300ae73746f705f746f6b656e5f69647390aa6967"
+        "6e6f72655f656f73c2b1616c6c6f7765645f746f6b656e5f696473920304b36261645f776f7264735f746f6b656e5f696473929205"
+        "069107af70726f6d70745f6c6f6770726f62730100a0cb0000000000000000cb3ff0000000000000a0c0",
     ),
 }
 

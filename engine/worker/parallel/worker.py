@@ -74,7 +74,7 @@ def run_step(runner: ModelRunner, out: SchedulerOutput) -> None:
         inputs = build_step_inputs(order_chunks(out.chunks), runner.block_size, runner.device, runner.attention)
         hidden = runner.model(inputs.input_ids, inputs.positions, runner.kv_cache.layers, inputs.meta,
                               runner.attention)
-        if inputs.sampled:
+        if inputs.has_logits:
             runner.model.compute_logits(hidden[inputs.logits_indices])
 
 
