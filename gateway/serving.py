@@ -27,6 +27,7 @@ from gateway.errors import APIError, InternalError
 from gateway.generation import Generation
 from gateway.logprobs import LogprobEntry
 from gateway.openai_format import Endpoint, ResponseFormat, id_prefix, new_request_id
+from gateway.prompts import Prompts
 from gateway.request_context import record_of
 from gateway.sampling_plan import DecidedSampling, OutputLimits, decide_sampling
 from gateway.schemas import GenerationSettings
@@ -56,24 +57,33 @@ class Plan:
     engine: EngineHandle
     decided: DecidedSampling
     """The final sampling parameters and the output tokens admission reserves, decided together."""
+    prompts: Prompts
+    """The served model's tokenizer (detokenizes the output)."""
+    model_id: str = ""
+    """The served model id (after aliases and fallbacks); '' for the one engine of a unit test."""
+    requested: str = ""
+    """The name the client sent (a 404 after admission repeats it)."""
 
     @property
     def sampling(self) -> SamplingParams:
         return self.decided.sampling
 
 
-def plan(state: GatewayState, endpoint: Endpoint, settings: GenerationSettings, prompt: PromptInput) -> Plan:
+def plan(state: GatewayState, endpoint: Endpoint, settings: GenerationSettings, prompt: PromptInput,
+         model_id: str = "", prompts: Prompts | None = None) -> Plan:
     """Token ids checked against the engine's vocabulary, then the final sampling parameters and the
-    reservation (gateway/sampling_plan.py); 400 or 503 (engine down) before any quota is touched."""
-    engine = state.engine_client()
+    reservation (gateway/sampling_plan.py); 400 or 503 (engine down) before any quota is touched.
+    With `model_id`, the engine is that model's replicas only."""
+    engine = state.models.engine_for(model_id, state.engine) if model_id else state.engine_client()
+    prompts = prompts or state.prompts
     info = engine.model_info
-    vocab = vocab_size_of(info.vocab_size, state.prompts.vocab_size)
+    vocab = vocab_size_of(info.vocab_size, prompts.vocab_size)
     check_token_ids(prompt.token_ids, vocab, prompt.param)
     check_token_ids(settings.stop_token_ids, vocab, "stop_token_ids")
     cap = state.admission.config.default_max_tokens if state.admission is not None else None
     limits = OutputLimits(state.config.completion_default_max_tokens, reservation_cap=cap)
     decided = decide_sampling(endpoint, settings, len(prompt.token_ids), prompt.param, info, limits)
-    return Plan(endpoint, settings, prompt, engine, decided)
+    return Plan(endpoint, settings, prompt, engine, decided, prompts, model_id, settings.model)
 
 
 async def serve(request: Request, state: GatewayState, plan: Plan, key: str) -> ASGIApp:
@@ -89,10 +99,17 @@ async def serve(request: Request, state: GatewayState, plan: Plan, key: str) -> 
     admission_started = time.perf_counter()
     try:
         caller, ticket = await admit(key, state.store, state.admission, len(plan.prompt.token_ids),
-                                     plan.decided.reserved_output_tokens, state.outage)
+                                     plan.decided.reserved_output_tokens, state.outage, plan.model_id)
     finally:
         if record is not None:
             record.admission_s = time.perf_counter() - admission_started
+    if plan.model_id:
+        try:  # the model list as admission just read it: a change since the key check holds now
+            state.models.recheck(plan.requested, plan.model_id, caller.models, state.engine)
+        except BaseException:
+            if ticket is not None:
+                await ticket.settle(0, 0, error=True)
+            raise
     if record is not None:
         record.tenant, record.model_name = caller.tenant, fmt.model
     # From here on the request is admitted: every path ends in exactly one settlement (gen.close()).
@@ -103,7 +120,7 @@ async def serve(request: Request, state: GatewayState, plan: Plan, key: str) -> 
             sampling=plan.sampling,
             stop=settings.stop,
             caller=caller,
-            tokenizer=state.prompts.tokenizer,
+            tokenizer=plan.prompts.tokenizer,
             ticket=ticket,
             observer=record,
             grammar=settings.grammar,

@@ -22,6 +22,7 @@ from gateway.errors import EngineUnavailable
 from gateway.generation import Engine
 from gateway.prompts import Prompts
 from gateway.recent_keys import RecentKeys
+from gateway.served_models import ServedModels
 from gateway.tenancy.admission import Admission
 from gateway.tenancy.outage_policy import OutagePolicy
 from shared.model_info import ModelInfo
@@ -74,6 +75,17 @@ class GatewayState:
     """Keys (hashes) verified in the last seconds: the key check before the body skips Redis for them."""
     outage: OutagePolicy = field(default_factory=OutagePolicy)
     """What admission does while Redis is down: fail closed, or serve chosen tenants without quotas."""
+    served: ServedModels | None = None
+    """The models behind the gateway, their tokenizers and fallbacks; None: `prompts` for the one model."""
+
+    def __post_init__(self) -> None:
+        if self.served is None:  # one model (unit tests, a single engine): its spec names it
+            object.__setattr__(self, "served", ServedModels({self.config.model: self.prompts}))
+
+    @property
+    def models(self) -> ServedModels:
+        assert self.served is not None
+        return self.served
 
     def engine_client(self) -> EngineHandle:
         """The live engine client, or a 503 for this request."""
@@ -81,9 +93,6 @@ class GatewayState:
         if client is None:
             raise EngineUnavailable("the engine is not reachable; retry shortly", code="engine_unavailable")
         return client
-
-    def served_model_names(self, info: ModelInfo) -> set[str]:
-        return {info.model_name, self.config.model}
 
 
 def get_state(request: Request) -> GatewayState:
