@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.config import ModelsConfig
 from gateway.errors import EngineUnavailable, NotFound
 from gateway.prompts import Prompts
 from gateway.tenancy.model_access import (
@@ -37,17 +37,6 @@ from gateway.tenancy.model_access import (
     resolve_model,
     visible_models,
 )
-
-
-@dataclass(frozen=True)
-class ModelsConfig:
-    aliases: Mapping[str, str] = field(default_factory=dict)
-    """Requested name -> served model id, for every tenant (`--model-alias NAME=ID`)."""
-    fallbacks: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    """Model id -> ids tried in order when it has no live replica, is cooling down, or its context is
-    too short for the request (`--model-fallback ID=A,B`); only those the tenant may use."""
-    cooldown_s: float = 10.0
-    """How long a model whose engine failed a request is passed over for its fallbacks."""
 
 
 class ServedModels:

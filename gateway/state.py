@@ -101,6 +101,18 @@ def get_state(request: Request) -> GatewayState:
     return state
 
 
+async def load_served_models(config: GatewayConfig, first: Prompts) -> ServedModels:
+    """Every configured model's tokenizer, keyed by the name its engine reports (the spec is an alias)."""
+    from shared.model_store import resolve_model
+
+    specs = (config.model, *config.models.extra)
+    names = {spec: resolve_model(spec).name for spec in specs}
+    tables = {names[config.model]: first}
+    for spec in config.models.extra:
+        tables[names[spec]] = await Prompts.load(spec)
+    return ServedModels(tables, config.models, spec_aliases=names)
+
+
 @contextlib.asynccontextmanager
 async def open_services(config: GatewayConfig) -> AsyncIterator[GatewayState]:
     """The real services: tokenizer, Redis pool + tenancy store, engine link (waits for the engine)."""
@@ -111,6 +123,9 @@ async def open_services(config: GatewayConfig) -> AsyncIterator[GatewayState]:
     from gateway.tenancy.store import TenantStore
 
     prompts = await Prompts.load(config.model)
+    served = None
+    if config.models.extra or config.models.aliases or config.models.fallbacks:
+        served = await load_served_models(config, prompts)
     redis = connect(config.redis_url, timeout_s=config.redis_timeout_s, max_connections=config.redis_max_connections,
                     pool_wait_s=config.redis_pool_wait_s)
     store = TenantStore(redis, prefix=config.redis_prefix, actor="gateway")
@@ -125,7 +140,8 @@ async def open_services(config: GatewayConfig) -> AsyncIterator[GatewayState]:
     try:
         await link.start(config.engine_connect_timeout_s)
         yield GatewayState(config=config, engine=link, prompts=prompts, store=store, redis=store,
-                           admission=admission, outage=OutagePolicy(fail_open=config.redis_down_fail_open))
+                           admission=admission, outage=OutagePolicy(fail_open=config.redis_down_fail_open),
+                           served=served)
     finally:
         await admission.aclose()
         await link.close()
