@@ -15,6 +15,7 @@ tenant on one model, issue 42: a tenant name never holds ':', so the model id ma
     P:budget:S:m:YYYYMM            int   tokens charged that UTC month
     P:resv:{id}                    hash  tenant, kid, model, prompt, output, day, month, settled
     P:usage:S:YYYYMMDD             hash  requests, prompt_tokens, cached_tokens, completion_tokens, errors
+    P:usage:models:{name}          set   the model ids the tenant has usage on
 
 Per-minute limits are token buckets of capacity L refilling at L/60 per second:
 a burst admits exactly L, then the rate is L per minute. A missing bucket
@@ -274,7 +275,10 @@ local back_in, back_out = math.max(0, rp - prompt), math.max(0, ro - completion)
 local delta = (prompt + completion) - (rp + ro)
 local scopes = {'tenant:' .. r.tenant}
 if r.kid ~= '' then scopes[#scopes + 1] = 'key:' .. r.kid end
-if (r.model or '') ~= '' then scopes[#scopes + 1] = 'model:' .. r.tenant .. ':' .. r.model end
+if (r.model or '') ~= '' then
+  scopes[#scopes + 1] = 'model:' .. r.tenant .. ':' .. r.model
+  redis.call('SADD', P .. ':usage:models:' .. r.tenant, r.model)  -- which models `usage show --by-model` reads
+end
 for _, base in ipairs(scopes) do
   local rl = P .. ':rl:' .. base
   if back_in > 0 and redis.call('HEXISTS', rl, 'in') == 1 then redis.call('HINCRBYFLOAT', rl, 'in', back_in) end
