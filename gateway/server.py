@@ -77,11 +77,13 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
     a("--port", type=int, default=d.port, help="port to listen on")
     a("--workers", type=int, default=d.workers, help="gateway processes sharing the port")
     a("--model", action=_Addresses, default=d.model,
-      help="model spec for the tokenizer; repeat it for each model the engines serve (the first is the default)")
+      help="model spec for the tokenizer; repeat it (or separate by commas) for each model the engines serve; "
+      "the first is the default")
     a("--model-alias", action="append", default=[], metavar="NAME=MODEL",
-      help="clients may ask for MODEL as NAME (repeatable)")
+      help="clients may ask for MODEL as NAME (repeatable; in the environment, separated by spaces)")
     a("--model-fallback", action="append", default=[], metavar="MODEL=A,B",
-      help="when MODEL has no live engine, is cooling down or its context is too short, try A then B (repeatable)")
+      help="when MODEL has no live engine, is cooling down or its context is too short, try A then B "
+      "(repeatable; in the environment, separated by spaces)")
     a("--model-cooldown", type=float, default=d.models.cooldown_s,
       help="seconds a model whose engine failed a request is passed over for its fallbacks")
     a("--engine-timeout", type=float, default=d.engine_connect_timeout_s,
@@ -136,7 +138,7 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> Gatewa
     replicas = dataclasses.replace(
         DEFAULTS.replicas, addresses=given if a.discover_engines or len(given) > 1 else (),
         discover=a.discover_engines, stall_timeout_s=a.stall_timeout)
-    specs = engine_addresses(a.model) if isinstance(a.model, list) else (a.model,)
+    specs = engine_addresses(a.model if isinstance(a.model, list) else [a.model])  # env: "A,B"
     models = ModelsConfig(extra=specs[1:], aliases=dict(_pairs(a.model_alias, "--model-alias")),
                           fallbacks={k: tuple(x.strip() for x in v.split(",") if x.strip())
                                      for k, v in _pairs(a.model_fallback, "--model-fallback")},
@@ -161,10 +163,10 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> Gatewa
     )
 
 
-def _pairs(values: list[str], flag: str) -> list[tuple[str, str]]:
-    """`NAME=VALUE` flags; a ConfigError names the flag of one without '='."""
+def _pairs(values: list[str] | str, flag: str) -> list[tuple[str, str]]:
+    """`NAME=VALUE` flags (or the environment's "A=B C=D"); a ConfigError names the flag of one without '='."""
     out = []
-    for v in values:
+    for v in values.split() if isinstance(values, str) else values:
         name, sep, value = v.partition("=")
         if not sep or not name.strip() or not value.strip():
             raise ConfigError(f"invalid setting {flag}: expected NAME=VALUE, got {v!r}")
