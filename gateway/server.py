@@ -57,6 +57,21 @@ def engine_addresses(values: list[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(found))
 
 
+def _model_flags(p: argparse.ArgumentParser, d: GatewayConfig) -> None:
+    """Which models the gateway serves, and their aliases and fallbacks (gateway/served_models.py)."""
+    a = p.add_argument
+    a("--model", action=_Addresses, default=d.model,
+      help="model spec for the tokenizer; repeat it (or separate by commas) for each model the engines serve; "
+      "the first is the default")
+    a("--model-alias", action="append", default=[], metavar="NAME=MODEL",
+      help="clients may ask for MODEL as NAME (repeatable; in the environment, separated by spaces)")
+    a("--model-fallback", action="append", default=[], metavar="MODEL=A,B",
+      help="when MODEL has no live engine, is cooling down or its context is too short, try A then B "
+      "(repeatable; in the environment, separated by spaces)")
+    a("--model-cooldown", type=float, default=d.models.cooldown_s,
+      help="seconds a model whose engine failed a request is passed over for its fallbacks")
+
+
 def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentParser:
     d = DEFAULTS
     p = argparse.ArgumentParser(prog="pageserve gateway", description="OpenAI-compatible HTTP gateway")
@@ -76,16 +91,7 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
     a("--host", default=d.host, help="address to listen on")
     a("--port", type=int, default=d.port, help="port to listen on")
     a("--workers", type=int, default=d.workers, help="gateway processes sharing the port")
-    a("--model", action=_Addresses, default=d.model,
-      help="model spec for the tokenizer; repeat it (or separate by commas) for each model the engines serve; "
-      "the first is the default")
-    a("--model-alias", action="append", default=[], metavar="NAME=MODEL",
-      help="clients may ask for MODEL as NAME (repeatable; in the environment, separated by spaces)")
-    a("--model-fallback", action="append", default=[], metavar="MODEL=A,B",
-      help="when MODEL has no live engine, is cooling down or its context is too short, try A then B "
-      "(repeatable; in the environment, separated by spaces)")
-    a("--model-cooldown", type=float, default=d.models.cooldown_s,
-      help="seconds a model whose engine failed a request is passed over for its fallbacks")
+    _model_flags(p, d)
     a("--engine-timeout", type=float, default=d.engine_connect_timeout_s,
       help="seconds to wait for the engine at start-up")
     a("--engine-retry-interval", type=float, default=d.engine_retry_interval_s,
