@@ -36,7 +36,7 @@ MakePrompt = Callable[[Prompts], Awaitable[PromptInput]]
 async def serve_model(request: Request, state: GatewayState, endpoint: Endpoint, settings: GenerationSettings,
                       make_prompt: MakePrompt, auth: AuthContext, key: str) -> ASGIApp:
     served = state.models
-    model = served.resolve(settings.model, auth.models, state.engine)
+    model = served.resolve(settings.model, auth.models, state.engine, auth.aliases)
     last: APIError | None = None
     for candidate in served.candidates(model, auth.models, state.engine):
         prompts = served.prompts_for(candidate)

@@ -37,5 +37,5 @@ async def list_models(request: Request) -> Response:
 async def get_model(request: Request) -> Response:
     state = get_state(request)
     auth = await authenticate(request, state.store)
-    model = state.models.resolve(request.path_params["model"], auth.models, state.engine)
+    model = state.models.resolve(request.path_params["model"], auth.models, state.engine, auth.aliases)
     return JSONResponse(model_object(state, model))

@@ -74,9 +74,11 @@ class ServedModels:
         configured = [n for n in self._prompts if n not in self._aliases]
         return Catalog.build(announced, self._aliases, [*registered, *self._seen, *configured])
 
-    def resolve(self, requested: str, access: ModelAccess, engine: Any) -> ServedModel:
-        """The served model, or a 404 (never registered, or not allowed: the same body) / 503 (no live replica)."""
-        found = resolve_model(requested, access, self.catalog(engine))
+    def resolve(self, requested: str, access: ModelAccess, engine: Any,
+                tenant_aliases: tuple[tuple[str, str], ...] = ()) -> ServedModel:
+        """The served model, or a 404 (never registered, or not allowed: the same body); `.live` False: the
+        caller answers 503. `tenant_aliases` (the caller's own) apply before the global ones."""
+        found = resolve_model(requested, access, self.catalog(engine), dict(tenant_aliases))
         if isinstance(found, ModelNotFound):
             raise NotFound(found.message, param="model", code="model_not_found")
         return found.model

@@ -93,7 +93,7 @@ async def _authorized_body(request: Request) -> tuple[GatewayState, AuthContext,
 
 def _model(state: GatewayState, auth: AuthContext, requested: str | None) -> tuple[Prompts, int]:
     """The named model's (default: the first --model's) tokenizer and context, as this tenant may use it."""
-    model = state.models.resolve(requested or state.config.model, auth.models, state.engine)
+    model = state.models.resolve(requested or state.config.model, auth.models, state.engine, auth.aliases)
     state.models.require_live(model)
     return state.models.prompts_for(model), state.models.engine_for(model.id, state.engine).model_info.max_model_len
 

@@ -7,6 +7,7 @@ $PAGESERVE_REDIS_PREFIX, default "ps"). Every change lands in the audit log.
     pageserve admin tenant create NAME [--tier free|standard|premium] [--models A,B]   # default: every model (*)
     pageserve admin tenant list|show NAME|suspend NAME|resume NAME|delete NAME
     pageserve admin tenant models NAME [--allow MODEL ... | --all | --none]   # no option: show the list
+    pageserve admin tenant aliases NAME [--set ALIAS=MODEL ...] [--unset ALIAS ...]   # the tenant's own
     pageserve admin key create TENANT [--label L]      # prints the key once
     pageserve admin key list TENANT | revoke KEY_ID | rotate KEY_ID [--grace SECONDS]
     pageserve admin quota set TENANT [--key KEY_ID | --model MODEL] [--rpm N] [--input-tpm N] ... (N | unlimited | default)
@@ -67,6 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow", action="append", default=None, metavar="MODEL", help="a model id (repeatable)")
     p.add_argument("--all", dest="every", action="store_true", help="every model, now and later (*)")
     p.add_argument("--none", action="store_true", help="no model")
+    p = leaf(tenant, "aliases", "show or change the tenant's own model aliases (before the gateway's)")
+    p.add_argument("name")
+    p.add_argument("--set", dest="set_", action="append", default=[], metavar="ALIAS=MODEL")
+    p.add_argument("--unset", action="append", default=[], metavar="ALIAS")
     for cmd in ("show", "suspend", "resume", "delete"):
         leaf(tenant, cmd, f"{cmd} a tenant").add_argument("name")
 
@@ -112,6 +117,7 @@ def _dispatch(ops: AdminOps, a: argparse.Namespace) -> Callable[[], Awaitable[Op
         ("tenant", "create"): lambda: ops.tenant_create(
             a.name, a.tier, None if a.models is None else a.models.split(",")),
         ("tenant", "models"): lambda: ops.tenant_models(a.name, a.allow, a.every, a.none),
+        ("tenant", "aliases"): lambda: ops.tenant_aliases(a.name, a.set_, a.unset),
         ("tenant", "list"): ops.tenant_list,
         ("tenant", "show"): lambda: ops.tenant_show(a.name),
         ("tenant", "suspend"): lambda: ops.tenant_suspend(a.name),

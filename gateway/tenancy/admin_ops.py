@@ -16,7 +16,7 @@ from gateway.tenancy.errors import InvalidArgument
 from gateway.tenancy.model_access import EVERY_MODEL, ModelAccess
 from gateway.tenancy.quota import LIMIT_FIELDS, parse_limit
 from gateway.tenancy.quota_store import QuotaStore
-from gateway.tenancy.store import KeyInfo, Tenant, TenantStore
+from gateway.tenancy.store import KeyInfo, Tenant, TenantStore, parse_aliases
 from gateway.tenancy.usage import UsageReader, UsageRow
 
 
@@ -65,6 +65,21 @@ class AdminOps:
         t = await self.store.create_tenant(name, tier, access)
         return OpResult(t.to_dict(), f"created tenant {t.name} (tier {t.tier}, id {t.id}, "
                                      f"models {_models(access)})")
+
+    async def tenant_aliases(self, name: str, set_: list[str], unset: list[str]) -> OpResult:
+        """Add (--set NAME=MODEL) or drop (--unset NAME) the tenant's own aliases; nothing given shows them."""
+        aliases = dict(parse_aliases((await self.store.get_tenant(name)).aliases))
+        for pair in set_:
+            alias, sep, model = (x.strip() for x in pair.partition("="))
+            if not sep or not alias or not model:
+                raise InvalidArgument(f"--set expects NAME=MODEL, got {pair!r}")
+            aliases[alias] = model
+        for alias in unset:
+            aliases.pop(alias, None)
+        if set_ or unset:
+            await self.store.set_aliases(name, aliases)
+        text = "\n".join(f"  {a} -> {m}" for a, m in sorted(aliases.items())) or "  none"
+        return OpResult({"tenant": name, "aliases": aliases}, f"model aliases of tenant {name}:\n{text}")
 
     async def tenant_models(self, name: str, allow: list[str] | None, every: bool, none: bool) -> OpResult:
         """Replace the model list: --allow A --allow B, --all ("*"), or --none; nothing given shows it."""

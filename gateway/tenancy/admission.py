@@ -218,8 +218,8 @@ class Admission:
             reply = await self._auth_admit(args)
         if int(reply[0]) == -1:
             return None
-        key_id, tenant, tenant_id, tier, salt, models = (text(x) for x in reply[-6:])
-        auth = auth_context(key_id, tenant_id, tenant, tier, salt, models)
+        key_id, tenant, tenant_id, tier, salt, models, aliases = (text(x) for x in reply[-7:])
+        auth = auth_context(key_id, tenant_id, tenant, tier, salt, models, aliases)
         return auth, self._ticket(reply, rid, auth, prompt_tokens, output, model)
 
     def _output(self, prompt_tokens: int, max_tokens: int | None) -> int:

@@ -211,14 +211,14 @@ local function reply(out) return out end
 #       7 reservation ttl ms, 8 model id ('' for none), 9.. per tier: its name, then its six limits;
 #       the default tier first.
 # Returns {-1} for a key that must not authenticate (nothing is read further, nothing is charged),
-# else the body's reply followed by: key id, tenant name, tenant id, tier name, cache salt, model list.
+# else the body's reply followed by: key id, tenant name, tenant id, tier name, cache salt, model list, aliases.
 AUTH_ADMIT = _CLOCK + _CALENDAR + """
 local P = ARGV[1]
 local kid = redis.call('GET', P .. ':keyhash:' .. ARGV[2])
 if not kid then return {-1} end
 local key = redis.call('HMGET', P .. ':key:' .. kid, 'status', 'tenant_id', 'tenant')
 if key[1] ~= 'active' or not key[3] then return {-1} end
-local ten = redis.call('HMGET', P .. ':tenant:' .. key[3], 'id', 'tier', 'status', 'cache_salt', 'models')
+local ten = redis.call('HMGET', P .. ':tenant:' .. key[3], 'id', 'tier', 'status', 'cache_salt', 'models', 'aliases')
 -- a suspended tenant, or a deleted one (even if a new tenant took its name)
 if ten[3] ~= 'active' or ten[1] ~= key[2] then return {-1} end
 local tenant, rid = key[3], ARGV[3]
@@ -232,7 +232,7 @@ end
 local defaults = {}
 for i = 1, 6 do defaults[i] = tonumber(ARGV[at + i]) end
 local function reply(out)
-  for _, v in ipairs({kid, tenant, ten[1], tier, ten[4] or '', ten[5] or '*'}) do out[#out + 1] = v end
+  for _, v in ipairs({kid, tenant, ten[1], tier, ten[4] or '', ten[5] or '*', ten[6] or ''}) do out[#out + 1] = v end
   return out
 end
 """ + _ADMIT_BODY

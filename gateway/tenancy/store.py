@@ -19,7 +19,8 @@ Redis layout (P = prefix):
     P:tenants                 set of tenant names
     P:tenant:{name}           hash  id, name, tier, status, created_at, cache_salt, models
                               (models: "*" or ids joined by ","; "" is none; absent, as in
-                              tenants written before it, is "*": model_access.py reads it)
+                              tenants written before it, is "*": model_access.py reads it),
+                              aliases (JSON {"name": "model id"}: the tenant's own model aliases)
     P:tenant:{name}:keys      set of key ids
     P:key:{key_id}            hash  id, tenant, tenant_id, label, hash, hint, created_at, status, expires_at, rotated_to
     P:keyhash:{sha256}        string key_id (the only path from a key to its record; PEXPIRE'd on rotation)
@@ -32,6 +33,7 @@ in `admission.py`.
 from __future__ import annotations
 
 import getpass
+import json
 import re
 import secrets
 import time
@@ -68,15 +70,16 @@ return 1
 # Keys derived inside the script: standalone Redis only (one lookup chain, one round trip).
 # Returns only what authentication needs, as one flat array (small replies parse fast):
 # {key id, key status, key tenant_id, tenant id, tenant name, tier, tenant status, cache_salt, models}
-# (models false when the field is absent: a tenant written before model lists, read as "*").
+# (models false when the field is absent: a tenant written before model lists, read as "*"), aliases.
 _AUTHENTICATE = """
 local kid = redis.call('GET', KEYS[1])
 if not kid then return false end
 local k = redis.call('HMGET', ARGV[1] .. ':key:' .. kid, 'status', 'tenant_id', 'tenant')
 if not k[3] then return false end
-local t = redis.call('HMGET', ARGV[1] .. ':tenant:' .. k[3], 'id', 'name', 'tier', 'status', 'cache_salt', 'models')
+local t = redis.call('HMGET', ARGV[1] .. ':tenant:' .. k[3], 'id', 'name', 'tier', 'status', 'cache_salt', 'models',
+                     'aliases')
 if not t[1] then return false end
-return {kid, k[1], k[2], t[1], t[2], t[3], t[4], t[5] or '', t[6] or '*'}
+return {kid, k[1], k[2], t[1], t[2], t[3], t[4], t[5] or '', t[6] or '*', t[7] or ''}
 """
 
 _DELETE_TENANT = """
@@ -113,6 +116,8 @@ class AuthContext:
     """Per-tenant salt for prefix-cache hashes: tenants never share cached blocks."""
     models: ModelAccess = EVERY_MODEL
     """The models (and adapters) the tenant may use; `model_access.resolve_model` decides with it."""
+    aliases: tuple[tuple[str, str], ...] = ()
+    """The tenant's own model aliases (name, model id), applied before the operator's global ones."""
 
 
 @dataclass(frozen=True)
@@ -125,9 +130,23 @@ class Tenant:
     cache_salt: str
     models: str = "*"
     """The stored model list ("*" for all, "" for none): `ModelAccess.parse(models)`."""
+    aliases: str = ""
+    """The stored aliases: JSON {"name": "model id"} ("" for none): `parse_aliases(aliases)`."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "models": ModelAccess.parse(self.models).shown()}
+        return {**asdict(self), "models": ModelAccess.parse(self.models).shown(),
+                "aliases": dict(parse_aliases(self.aliases))}
+
+
+def parse_aliases(raw: str | None) -> tuple[tuple[str, str], ...]:
+    """The stored JSON object as sorted (name, model id) pairs; anything else (hand-edited) is no alias."""
+    try:
+        data = json.loads(raw or "{}")
+    except ValueError:
+        return ()
+    if not isinstance(data, dict):
+        return ()
+    return tuple(sorted((str(k), str(v)) for k, v in data.items() if k and v))
 
 
 @dataclass(frozen=True)
@@ -154,7 +173,7 @@ class KeyInfo:
 
 
 def auth_context(key_id: str, tenant_id: str, tenant: str, tier_name: str, cache_salt: str,
-                 models: str | None = None) -> AuthContext:
+                 models: str | None = None, aliases: str | None = None) -> AuthContext:
     """The context of an authenticated key (an unknown tier name gets the default tier)."""
     tier = TIERS.get(tier_name, TIERS[DEFAULT_TIER])
     # A record without a salt (written before salts existed, or edited by hand) must not share the
@@ -162,13 +181,13 @@ def auth_context(key_id: str, tenant_id: str, tenant: str, tier_name: str, cache
     salt = cache_salt or f"tenant-id:{tenant_id}"
     return AuthContext(tenant_id=tenant_id, tenant=tenant, key_id=key_id, tier=tier.name,
                        priority=tier.priority, weight=tier.weight, cache_salt=salt,
-                       models=ModelAccess.parse(models))
+                       models=ModelAccess.parse(models), aliases=parse_aliases(aliases))
 
 
 def _tenant(raw: dict[str, str]) -> Tenant:
     return Tenant(id=raw["id"], name=raw["name"], tier=raw["tier"], status=raw["status"],
                   created_at=float(raw["created_at"]), cache_salt=raw.get("cache_salt", ""),
-                  models=ModelAccess.parse(raw.get("models")).encode())
+                  models=ModelAccess.parse(raw.get("models")).encode(), aliases=raw.get("aliases", ""))
 
 
 def _key(raw: dict[str, str]) -> KeyInfo:
@@ -219,13 +238,13 @@ class TenantStore:
                                              args=[self.prefix])
         if not found:
             return None
-        key_id, key_status, key_tenant_id, tenant_id, name, tier_name, status, salt, models = (
+        key_id, key_status, key_tenant_id, tenant_id, name, tier_name, status, salt, models, aliases = (
             text(x) for x in found)
         if key_status != ACTIVE or status != ACTIVE:
             return None
         if tenant_id != key_tenant_id:
             return None  # the tenant was deleted and a new one took the name
-        return auth_context(key_id, tenant_id, name, tier_name, salt, models)
+        return auth_context(key_id, tenant_id, name, tier_name, salt, models, aliases)
 
     # -- tenants -----------------------------------------------------------------
 
@@ -252,6 +271,14 @@ class TenantStore:
         with unavailable_on_failure():
             await self.redis.hset(self._k("tenant", name), "models", models.encode())
         await self.audit.record(self.actor, "tenant.models", name, models=models.encode())
+        return await self.get_tenant(name)
+
+    async def set_aliases(self, name: str, aliases: dict[str, str]) -> Tenant:
+        """Replace the tenant's own model aliases (name -> model id; {} removes them)."""
+        await self.get_tenant(name)
+        with unavailable_on_failure():
+            await self.redis.hset(self._k("tenant", name), "aliases", json.dumps(aliases, sort_keys=True))
+        await self.audit.record(self.actor, "tenant.aliases", name, aliases=json.dumps(aliases, sort_keys=True))
         return await self.get_tenant(name)
 
     async def get_tenant(self, name: str) -> Tenant:

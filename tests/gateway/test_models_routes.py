@@ -183,6 +183,25 @@ def test_an_allowed_tenant_uses_both_and_the_response_names_the_served_model(gw:
     assert len(gw.source.engines[TINY].submitted) == 1 and len(gw.source.engines[SMALL].submitted) == 2
 
 
+def test_a_tenant_alias_is_its_own_and_never_reaches_past_its_list(gw: Harness, redis_url: str) -> None:
+    async def set_aliases() -> None:
+        redis = connect(redis_url)
+        try:
+            store = TenantStore(redis, prefix=gw.store_args[1], actor="test")
+            await store.set_aliases("both", {"fast": SMALL, "chat": TINY})  # "chat" overrides the global alias
+            await store.set_aliases("small", {"fast": TINY})
+        finally:
+            await redis.aclose()
+
+    asyncio.run(set_aliases())
+    for requested, served in (("fast", SMALL), ("chat", TINY)):
+        r = gw.post("/v1/chat/completions", {**CHAT, "model": requested}, "both")
+        assert r.status_code == 200 and r.json()["model"] == served, r.text
+    r = gw.post("/v1/chat/completions", {**CHAT, "model": "fast"}, "small")  # its alias names a hidden model
+    assert r.status_code == 404 and r.json()["error"]["message"].startswith("The model `fast` does not exist")
+    assert gw.post("/v1/chat/completions", {**CHAT, "model": "chat"}, "small").json()["model"] == SMALL
+
+
 def test_a_registered_model_without_a_live_engine_is_503_while_the_other_serves(gw: Harness) -> None:
     gw.source.down.add(TINY)
     gw.source.failing.add(SMALL)  # nor may the fallback answer: its own engine fails

@@ -233,3 +233,8 @@ def test_model_lists_model_limits_and_usage_by_model(cli: AdminCLI):
     assert [(r["model"], r["requests"], r["prompt_tokens"], r["completion_tokens"]) for r in rows] == [
         ("smollm2", 1, 2, 1), ("tiny", 1, 5, 3)]
     assert cli("usage", "show", "--by-model", ok=False).returncode == 1
+    assert cli.json("tenant", "aliases", "acme", "--set", "fast=tiny", "--set", "x=smollm2")["aliases"] == {
+        "fast": "tiny", "x": "smollm2"}
+    assert cli.json("tenant", "aliases", "acme", "--unset", "x")["aliases"] == {"fast": "tiny"}
+    assert "fast -> tiny" in cli("tenant", "aliases", "acme").stdout
+    assert cli("tenant", "aliases", "acme", "--set", "broken", ok=False).returncode == 1
