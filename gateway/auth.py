@@ -78,18 +78,18 @@ async def verify(key: str, store: KeyStore) -> AuthContext:
 
 async def admit(key: str, store: KeyStore, admission: Admission | None, prompt_tokens: int,
                 reserve: int, outage: OutagePolicy | None = None,
-                model: str = "") -> tuple[AuthContext, Ticket | None]:
+                model: str = "", weight: float = 1.0) -> tuple[AuthContext, Ticket | None]:
     """Verify the key and reserve its quota in one round trip: (caller, ticket), or 401 / 429 / 503.
 
     Without quotas (admission None) this only verifies the key, and there is no ticket. While Redis
     is down, `outage` decides: a 503 (logged), or no ticket for a fail-open tenant. `model`: the served
-    model id, whose per-tenant limits are checked in the same round trip.
+    model id, whose per-tenant limits are checked in the same round trip; `weight`: its cost weight.
     """
     if admission is None:
         return await verify(key, store), None
     outage = outage or FAIL_CLOSED
     try:
-        admitted = await admission.admit_key(key, prompt_tokens, reserve, model)
+        admitted = await admission.admit_key(key, prompt_tokens, reserve, model, weight)
     except TenancyUnavailable as e:
         return outage.during_outage(key, e), None  # or TenancyUnavailable -> 503 (app handler)
     if admitted is None:

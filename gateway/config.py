@@ -31,6 +31,9 @@ class ModelsConfig:
     too short for the request (`--model-fallback ID=A,B`); only those the tenant may use."""
     cooldown_s: float = 10.0
     """How long a model whose engine failed a request is passed over for its fallbacks."""
+    cost_weights: dict[str, float] = field(default_factory=dict)
+    """Model id -> weight: its tokens count ceil(tokens x weight) against tenant-wide and key token limits
+    and budgets (`--model-cost-weight ID=W`; default 1), so one budget is fair across small and large models."""
 
 
 @dataclass(frozen=True)

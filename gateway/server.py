@@ -70,6 +70,9 @@ def _model_flags(p: argparse.ArgumentParser, d: GatewayConfig) -> None:
       "(repeatable; in the environment, separated by spaces)")
     a("--model-cooldown", type=float, default=d.models.cooldown_s,
       help="seconds a model whose engine failed a request is passed over for its fallbacks")
+    a("--model-cost-weight", action="append", default=[], metavar="MODEL=W",
+      help="MODEL's tokens count W times against tenant-wide token limits and budgets (repeatable; in the "
+      "environment, separated by spaces)")
 
 
 def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentParser:
@@ -148,7 +151,7 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> Gatewa
     models = ModelsConfig(extra=specs[1:], aliases=dict(_pairs(a.model_alias, "--model-alias")),
                           fallbacks={k: tuple(x.strip() for x in v.split(",") if x.strip())
                                      for k, v in _pairs(a.model_fallback, "--model-fallback")},
-                          cooldown_s=a.model_cooldown)
+                          cooldown_s=a.model_cooldown, cost_weights=_weights(a.model_cost_weight))
     return GatewayConfig(
         engine_address=engines[0], replicas=replicas, redis_url=a.redis_url, model=specs[0], models=models,
         host=a.host, port=a.port,
@@ -178,6 +181,18 @@ def _pairs(values: list[str] | str, flag: str) -> list[tuple[str, str]]:
             raise ConfigError(f"invalid setting {flag}: expected NAME=VALUE, got {v!r}")
         out.append((name.strip(), value.strip()))
     return out
+
+
+def _weights(values: list[str] | str) -> dict[str, float]:
+    weights = {}
+    for name, value in _pairs(values, "--model-cost-weight"):
+        try:
+            weights[name] = float(value)
+        except ValueError:
+            raise ConfigError(f"invalid setting --model-cost-weight: {value!r} is not a number") from None
+        if not 0 < weights[name] <= 1000:
+            raise ConfigError(f"invalid setting --model-cost-weight: {value} must be in (0, 1000]")
+    return weights
 
 
 _ARGV_ENV = "PAGESERVE_GATEWAY_ARGV"

@@ -33,6 +33,8 @@ from gateway.sampling_plan import DecidedSampling, OutputLimits, decide_sampling
 from gateway.schemas import GenerationSettings
 from gateway.sse import DONE, SSEResponse, sse_event
 from gateway.state import EngineHandle, GatewayState
+from gateway.tenancy.admission import Ticket
+from gateway.tenancy.store import AuthContext
 from gateway.token_limits import check_token_ids, vocab_size_of
 from gateway.tool_parser import ToolCallParser
 from shared.sampling import SamplingParams
@@ -99,17 +101,12 @@ async def serve(request: Request, state: GatewayState, plan: Plan, key: str) -> 
     admission_started = time.perf_counter()
     try:
         caller, ticket = await admit(key, state.store, state.admission, len(plan.prompt.token_ids),
-                                     plan.decided.reserved_output_tokens, state.outage, plan.model_id)
+                                     plan.decided.reserved_output_tokens, state.outage, plan.model_id,
+                                     state.config.models.cost_weights.get(plan.model_id, 1.0))
     finally:
         if record is not None:
             record.admission_s = time.perf_counter() - admission_started
-    if plan.model_id:
-        try:  # the model list as admission just read it: a change since the key check holds now
-            state.models.recheck(plan.requested, plan.model_id, caller.models, state.engine)
-        except BaseException:
-            if ticket is not None:
-                await ticket.settle(0, 0, error=True)
-            raise
+    await _recheck_model(state, plan, caller, ticket)
     if record is not None:
         record.tenant, record.model_name = caller.tenant, fmt.model
     # From here on the request is admitted: every path ends in exactly one settlement (gen.close()).
@@ -146,6 +143,18 @@ async def serve(request: Request, state: GatewayState, plan: Plan, key: str) -> 
             await gen.close()
         raise
     return ThenClose(response, gen.close)
+
+
+async def _recheck_model(state: GatewayState, plan: Plan, caller: AuthContext, ticket: Ticket | None) -> None:
+    """The model list as admission just read it: a change since the key check holds now (nothing charged)."""
+    if not plan.model_id:
+        return
+    try:
+        state.models.recheck(plan.requested, plan.model_id, caller.models, state.engine)
+    except BaseException:
+        if ticket is not None:
+            await ticket.settle(0, 0, error=True)
+        raise
 
 
 class ThenClose:

@@ -46,17 +46,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pageserve admin", description=__doc__.split("\n\n")[0])
-    _common(parser)
-    groups = parser.add_subparsers(dest="group", required=True)
-
-    def leaf(sub: Any, name: str, help_: str) -> argparse.ArgumentParser:
-        p: argparse.ArgumentParser = sub.add_parser(name, help=help_)
-        _common(p)
-        return p
-
-    tenant = groups.add_parser("tenant", help="tenants").add_subparsers(dest="cmd", required=True)
+def _tenant_commands(tenant: Any, leaf: Callable[[Any, str, str], argparse.ArgumentParser]) -> None:
     p = leaf(tenant, "create", "create a tenant")
     p.add_argument("name")
     p.add_argument("--tier", default=DEFAULT_TIER, choices=sorted(TIERS))
@@ -74,6 +64,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--unset", action="append", default=[], metavar="ALIAS")
     for cmd in ("show", "suspend", "resume", "delete"):
         leaf(tenant, cmd, f"{cmd} a tenant").add_argument("name")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pageserve admin", description=__doc__.split("\n\n")[0])
+    _common(parser)
+    groups = parser.add_subparsers(dest="group", required=True)
+
+    def leaf(sub: Any, name: str, help_: str) -> argparse.ArgumentParser:
+        p: argparse.ArgumentParser = sub.add_parser(name, help=help_)
+        _common(p)
+        return p
+
+    _tenant_commands(groups.add_parser("tenant", help="tenants").add_subparsers(dest="cmd", required=True), leaf)
 
     key = groups.add_parser("key", help="API keys").add_subparsers(dest="cmd", required=True)
     p = leaf(key, "create", "create a key (printed once)")

@@ -119,6 +119,12 @@ def format_duration(ms: int) -> str:
     return (f"{h}h" if h else "") + f"{m}m{sec}s"
 
 
+def _weight_arg(weight: float) -> str:
+    if not 0 < weight <= 1000:
+        raise InvalidArgument(f"a model cost weight must be in (0, 1000], got {weight}")
+    return repr(float(weight))
+
+
 def ratelimit_headers(values: list[int]) -> dict[str, str]:
     """x-ratelimit-{limit,remaining,reset}-{requests,tokens} from the script's six numbers (-1 = none)."""
     headers: dict[str, str] = {}
@@ -181,11 +187,13 @@ class Admission:
         """True when Redis answers (for /health); never raises."""
         return await ping(self.redis)
 
-    async def admit(self, auth: Principal, prompt_tokens: int, max_tokens: int | None, model: str = "") -> Ticket:
+    async def admit(self, auth: Principal, prompt_tokens: int, max_tokens: int | None, model: str = "",
+                    weight: float = 1.0) -> Ticket:
         """Reserve and return a ticket, or raise QuotaExceeded / TenancyUnavailable.
 
         model: the served model id (after `model_access.resolve_model`); its per-tenant limits are
-        checked and charged in the same script call as the tenant's and the key's ('' for none).
+        checked and charged in the same script call as the tenant's and the key's ('' for none); `weight`:
+        its cost weight, its tokens counting ceil(tokens x weight) against the tenant's and key's token limits.
 
         max_tokens: the most output tokens the request may produce in total
         (n x max_tokens for n samples); None reserves the default cap.
@@ -194,13 +202,13 @@ class Admission:
         tier = TIERS.get(auth.tier, TIERS[DEFAULT_TIER])
         rid = uuid.uuid4().hex
         args: list[str | int] = [self.prefix, auth.tenant, auth.key_id, rid, prompt_tokens, output,
-                                 *self._times, *tier.limits.as_args(), model]
+                                 *self._times, *tier.limits.as_args(), model, _weight_arg(weight)]
         with unavailable_on_failure():
             reply = await self._admit(args)
         return self._ticket(reply, rid, auth, prompt_tokens, output, model)
 
     async def admit_key(self, plaintext: str, prompt_tokens: int, max_tokens: int | None,
-                        model: str = "") -> tuple[AuthContext, Ticket] | None:
+                        model: str = "", weight: float = 1.0) -> tuple[AuthContext, Ticket] | None:
         """Authenticate a bearer key and admit its request in one Redis round trip (the gateway's hot path).
 
         None when the key must get 401 (malformed, unknown, revoked, past its
@@ -213,7 +221,7 @@ class Admission:
             return None
         rid = uuid.uuid4().hex
         args = [self.prefix, keys.hash_key(plaintext), rid, prompt_tokens, output, *self._times, model,
-                *_TIER_ARGS]
+                _weight_arg(weight), *_TIER_ARGS]
         with unavailable_on_failure():
             reply = await self._auth_admit(args)
         if int(reply[0]) == -1:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
@@ -124,7 +125,8 @@ def gw(tokenizer: Any, redis_url: str) -> Iterator[Harness]:
     prefix = "m" + uuid.uuid4().hex[:8]
     tiny_info = dataclasses.replace(MODEL_INFO, model_name=TINY, max_model_len=128)
     source = TwoModels({SMALL: FakeEngine(echo_script), TINY: FakeEngine(echo_script, tiny_info)})
-    models = ModelsConfig(aliases={"chat": SMALL}, fallbacks={TINY: (SMALL,)}, cooldown_s=60)
+    models = ModelsConfig(aliases={"chat": SMALL}, fallbacks={TINY: (SMALL,)}, cooldown_s=60,
+                          cost_weights={TINY: 2.0})
     config = GatewayConfig(redis_url=redis_url, redis_prefix=prefix, models=models)
 
     @contextlib.asynccontextmanager
@@ -248,3 +250,25 @@ def test_a_per_model_rpm_refuses_with_its_headers_and_leaves_the_other_model(gw:
     assert r.status_code == 429 and f"tenant both on model {TINY}" in r.json()["error"]["message"]
     assert r.headers["x-ratelimit-limit-requests"] == "3" and r.headers["x-ratelimit-remaining-requests"] == "0"
     assert gw.post("/v1/chat/completions", {**CHAT, "model": SMALL}, "both").status_code == 200
+
+
+def test_the_cost_weight_reaches_the_tenant_budget(gw: Harness, redis_url: str) -> None:
+    async def budget(set_limit: bool = False) -> str | None:
+        redis = connect(redis_url)
+        try:
+            if set_limit:
+                await QuotaStore(TenantStore(redis, prefix=gw.store_args[1], actor="test")).set(
+                    "both", None, {"daily_tokens": 100_000})
+            day = time.strftime("%Y%m%d", time.gmtime())
+            return await redis.get(f"{gw.store_args[1]}:budget:tenant:both:d:{day}")
+        finally:
+            await redis.aclose()
+
+    asyncio.run(budget(set_limit=True))
+    r = gw.post("/v1/chat/completions", {**CHAT, "model": TINY}, "both")  # --model-cost-weight tiny-llama=2
+    weighted = str(2 * r.json()["usage"]["total_tokens"])
+    for _ in range(50):  # settlement runs after the response
+        if asyncio.run(budget()) == weighted:
+            break
+        time.sleep(0.05)
+    assert asyncio.run(budget()) == weighted

@@ -102,3 +102,24 @@ async def test_deleting_the_tenant_removes_its_model_limits(store, client, prefi
     assert await QuotaStore(store).overrides("acme", model=BIG) == {"rpm": 3}
     await store.delete_tenant("acme")
     assert await client.keys(f"{prefix}:quota:*") == []
+
+
+async def test_a_cost_weight_scales_the_tenant_budget_not_the_model_scope_or_usage(store, admission, client, prefix):
+    _, auth = await make_tenant(store, daily_tokens=1000, output_tpm=500)
+    await QuotaStore(store).set("acme", None, {"daily_tokens": 1000}, model=BIG)
+    day = dt.datetime.now(dt.UTC).strftime("%Y%m%d")
+    ticket = await admission.admit(auth, 10, 90, model=BIG, weight=4.0)  # 100 tokens of the large model
+    assert await client.get(f"{prefix}:budget:tenant:acme:d:{day}") == "400"
+    assert await client.get(f"{prefix}:budget:model:acme:{BIG}:d:{day}") == "100"
+    assert ticket.headers["x-ratelimit-remaining-tokens"] == "140"  # output bucket: 500 - 90 x 4
+    await ticket.settle(10, 40)  # 50 used: 200 weighted tokens on the tenant, 50 on the model
+    assert await client.get(f"{prefix}:budget:tenant:acme:d:{day}") == "200"
+    assert await client.get(f"{prefix}:budget:model:acme:{BIG}:d:{day}") == "50"
+    usage = await client.hgetall(f"{prefix}:usage:tenant:acme:{day}")
+    assert (usage["prompt_tokens"], usage["completion_tokens"]) == ("10", "40")  # usage is what was sent
+    with pytest.raises(QuotaExceeded) as info:  # 130 output tokens x 4 = 520, over the 500 output_tpm
+        await admission.admit(auth, 0, 130, model=BIG, weight=4.0)
+    assert info.value.limit == "output_tpm" and "tenant acme" in info.value.message
+    small = await admission.admit(auth, 0, 30, model=SMALL, weight=0.1)
+    assert await client.get(f"{prefix}:budget:tenant:acme:d:{day}") == "203"
+    await small.settle(0, 0)
