@@ -63,10 +63,11 @@ class ServedModels:
             info = client.model_info if client is not None else None
             announced = [] if info is None else [Announcement(info.model_name, True, info.max_model_len)]
             registered = []
-            if info is not None and len(self._prompts) == 1:  # one engine: its spec names it too
-                spec = next(iter(self._prompts))
-                if spec != info.model_name:
-                    self._aliases.setdefault(spec, info.model_name)
+        bases = {a.model for a in announced}
+        if len(self._prompts) == 1 and len(bases) == 1:  # one model (one engine or replicas): its spec names it
+            spec, name = next(iter(self._prompts)), next(iter(bases))
+            if spec != name:
+                self._aliases.setdefault(spec, name)
         for a in announced:
             self._seen.setdefault(a.model, None)
             self._seen.update(dict(a.adapters))

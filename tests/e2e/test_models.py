@@ -99,11 +99,13 @@ def models_stack(redis_url: str) -> Iterator[TwoModelStack]:
 
 
 def _wait_for_models(stack: TwoModelStack) -> None:
-    """Healthy means one replica; wait until both engines joined."""
+    """Healthy means one replica; wait until both engines joined (a configured model is listed, and
+    answers 503, before its engine joins)."""
     deadline = time.monotonic() + START_TIMEOUT_S
-    while [m["id"] for m in stack.get("/v1/models", "both").json()["data"]] != [SMALL, TINY]:
-        assert time.monotonic() < deadline, "the second engine never joined"
-        time.sleep(0.3)
+    for model in (SMALL, TINY):
+        while stack.post("/tokenize", {"model": model, "prompt": "hi"}, "both").status_code != 200:
+            assert time.monotonic() < deadline, f"the engine of {model} never joined"
+            time.sleep(0.3)
 
 
 def _every_route(stack: TwoModelStack, model: str, tenant: str) -> list[tuple[int, bytes]]:

@@ -272,3 +272,12 @@ def test_the_cost_weight_reaches_the_tenant_budget(gw: Harness, redis_url: str) 
             break
         time.sleep(0.05)
     assert asyncio.run(budget()) == weighted
+
+
+def test_one_model_behind_replicas_answers_to_its_spec_too(tokenizer: Any) -> None:
+    """`--model /models/x` with several replicas of x: the spec is an alias of the name the engines report."""
+    served = ServedModels({"/models/x": Prompts(tokenizer)})
+    source = TwoModels({"x": FakeEngine(echo_script)})
+    found = served.resolve("/models/x", ModelAccess.parse("*"), source)
+    assert found.id == "x" and found.live
+    assert [m.id for m in served.listed(ModelAccess.parse("*"), source)] == ["x"]
