@@ -281,3 +281,12 @@ def test_one_model_behind_replicas_answers_to_its_spec_too(tokenizer: Any) -> No
     found = served.resolve("/models/x", ModelAccess.parse("*"), source)
     assert found.id == "x" and found.live
     assert [m.id for m in served.listed(ModelAccess.parse("*"), source)] == ["x"]
+
+
+def test_a_context_too_long_for_the_model_falls_back_to_a_longer_one(gw: Harness) -> None:
+    long_prompt = {"model": TINY, "prompt": [504] * 150, "max_tokens": 4}  # tiny-llama: 128, smollm2: 256
+    r = gw.post("/v1/completions", long_prompt, "both")
+    assert r.status_code == 200 and r.json()["model"] == SMALL, r.text
+    assert gw.source.engines[TINY].submitted == [] and gw.source.failed_tries == {}
+    too_long = gw.post("/v1/completions", {**long_prompt, "prompt": [504] * 300}, "both")  # fits neither
+    assert too_long.status_code == 400 and too_long.json()["error"]["code"] == "context_length_exceeded"
