@@ -6,7 +6,10 @@ A request's path through the package:
     app.py           create_app(config): routes + a lifespan owning the services (state.py)
     routes.py        POST /v1/chat/completions, /v1/completions; GET /health; mounts the routes below
     responses_api.py POST /v1/responses: OpenAI's Responses API as a chat request, its typed stream events
-    models_api.py    GET /v1/models, /v1/models/{model}; the one model-name check
+    models_api.py    GET /v1/models, /v1/models/{model}: the models this tenant may use
+    served_models.py the models behind the gateway: catalog, per-model tokenizers, aliases, cool-downs;
+                     every route's model name goes through tenancy/model_access.py's one decision
+    fallbacks.py     a generation's model, then its allowed fallbacks, before the first byte
     tokenize_api.py  POST /tokenize, /detokenize (vLLM's shapes)
     openapi.py       GET /openapi.json, generated from the request models
     auth.py          Bearer key verified before the body is read (recent_keys.py: hashes of keys verified

@@ -77,17 +77,19 @@ async def verify(key: str, store: KeyStore) -> AuthContext:
 
 
 async def admit(key: str, store: KeyStore, admission: Admission | None, prompt_tokens: int,
-                reserve: int, outage: OutagePolicy | None = None) -> tuple[AuthContext, Ticket | None]:
+                reserve: int, outage: OutagePolicy | None = None,
+                model: str = "", weight: float = 1.0) -> tuple[AuthContext, Ticket | None]:
     """Verify the key and reserve its quota in one round trip: (caller, ticket), or 401 / 429 / 503.
 
     Without quotas (admission None) this only verifies the key, and there is no ticket. While Redis
-    is down, `outage` decides: a 503 (logged), or no ticket for a fail-open tenant.
+    is down, `outage` decides: a 503 (logged), or no ticket for a fail-open tenant. `model`: the served
+    model id, whose per-tenant limits are checked in the same round trip; `weight`: its cost weight.
     """
     if admission is None:
         return await verify(key, store), None
     outage = outage or FAIL_CLOSED
     try:
-        admitted = await admission.admit_key(key, prompt_tokens, reserve)
+        admitted = await admission.admit_key(key, prompt_tokens, reserve, model, weight)
     except TenancyUnavailable as e:
         return outage.during_outage(key, e), None  # or TenancyUnavailable -> 503 (app handler)
     if admitted is None:
@@ -96,12 +98,15 @@ async def admit(key: str, store: KeyStore, admission: Admission | None, prompt_t
     return admitted
 
 
-async def check_key_first(key: str, store: KeyStore, recent: RecentKeys) -> None:
-    """A 401 (or 503) before any work on the body; a key verified in the last seconds passes at once."""
-    if recent.seen(key):
-        return
-    await verify(key, store)
-    recent.add(key)
+async def check_key_first(key: str, store: KeyStore, recent: RecentKeys) -> AuthContext:
+    """A 401 (or 503) before any work on the body; a key verified in the last seconds passes at once.
+    The caller's context (its model list: which model it may name) as verified then."""
+    auth = recent.get(key)
+    if auth is not None:
+        return auth
+    auth = await verify(key, store)
+    recent.add(key, auth)
+    return auth
 
 
 def _rejected() -> AuthenticationError:

@@ -19,6 +19,24 @@ class ConfigError(ValueError):
 
 
 @dataclass(frozen=True)
+class ModelsConfig:
+    """Several models behind one gateway (gateway/served_models.py, issue 42)."""
+
+    extra: tuple[str, ...] = ()
+    """Model specs beyond `GatewayConfig.model` (`--model` repeated): their tokenizers are loaded too."""
+    aliases: dict[str, str] = field(default_factory=dict)
+    """Requested name -> served model id, for every tenant (`--model-alias NAME=ID`)."""
+    fallbacks: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Model id -> ids tried in order when it has no live replica, is cooling down, or its context is
+    too short for the request (`--model-fallback ID=A,B`); only those the tenant may use."""
+    cooldown_s: float = 10.0
+    """How long a model whose engine failed a request is passed over for its fallbacks."""
+    cost_weights: dict[str, float] = field(default_factory=dict)
+    """Model id -> weight: its tokens count ceil(tokens x weight) against tenant-wide and key token limits
+    and budgets (`--model-cost-weight ID=W`; default 1), so one budget is fair across small and large models."""
+
+
+@dataclass(frozen=True)
 class GatewayConfig:
     engine_address: str = "tcp://127.0.0.1:5555"
     """ZeroMQ address the engine listens on (tcp://host:port or ipc://path)."""
@@ -28,6 +46,8 @@ class GatewayConfig:
     """Tenants, hashed API keys and quotas live here."""
     model: str = "smollm2"
     """Model spec for `resolve_model`: the tokenizer comes from the same folder the engine uses."""
+    models: ModelsConfig = field(default_factory=ModelsConfig)
+    """More models, aliases, fallbacks (the first model is `model`)."""
     host: str = "127.0.0.1"
     port: int = 8000
     redis_prefix: str = "ps"
@@ -98,6 +118,7 @@ class GatewayConfig:
             ((self.tls_certfile is None) == (self.tls_keyfile is None), "--tls-certfile",
              "and --tls-keyfile go together"),
             (self.log_format in ("text", "json"), "--log-format", "must be text or json"),
+            (self.models.cooldown_s >= 0, "--model-cooldown", "must be 0 or more"),
             (self.log_level.lower() in ("critical", "error", "warning", "info", "debug"), "--log-level",
              "must be one of critical, error, warning, info, debug"),
         ]

@@ -1,8 +1,10 @@
-"""GET /v1/models and /v1/models/{model}, and the one check every route makes of a body's `model`.
+"""GET /v1/models and /v1/models/{model}: the models this tenant may use, in OpenAI's shape.
 
-Owns the OpenAI model object and which names this gateway answers to (the engine's
-model name and the spec it was started with). It knows nothing about request
-bodies or generation.
+Both answer from `ServedModels.listed` / `resolve` (gateway/served_models.py), which
+ask gateway/tenancy/model_access.py's one access decision, as every generation and
+tokenizer route does: a model the tenant may not use is listed nowhere and
+answers exactly like one that does not exist (404 model_not_found). It knows
+nothing about request bodies or generation.
 """
 
 from __future__ import annotations
@@ -13,32 +15,27 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from gateway.auth import authenticate
-from gateway.errors import NotFound
 from gateway.state import GatewayState, get_state
+from gateway.tenancy.model_access import ServedModel
 
 
-def check_model(state: GatewayState, model: str) -> None:
-    """A 404 naming `model` unless this server serves it (503 when the engine is down)."""
-    info = state.engine_client().model_info
-    if model not in state.served_model_names(info):
-        raise NotFound(f"the model {model[:128]!r} does not exist; this server serves {info.model_name!r}",
-                       param="model", code="model_not_found")
-
-
-def _model_object(state: GatewayState) -> dict[str, Any]:
-    info = state.engine_client().model_info
-    return {"id": info.model_name, "object": "model", "created": state.started_at, "owned_by": "pageserve",
-            "max_model_len": info.max_model_len}
+def model_object(state: GatewayState, model: ServedModel) -> dict[str, Any]:
+    obj: dict[str, Any] = {"id": model.id, "object": "model", "created": state.started_at, "owned_by": "pageserve",
+                           "max_model_len": model.max_model_len or None}
+    if model.parent is not None:
+        obj["parent"] = model.parent  # a LoRA adapter: the base model it runs on
+    return obj
 
 
 async def list_models(request: Request) -> Response:
     state = get_state(request)
-    await authenticate(request, state.store)
-    return JSONResponse({"object": "list", "data": [_model_object(state)]})
+    auth = await authenticate(request, state.store)
+    models = state.models.listed(auth.models, state.engine)
+    return JSONResponse({"object": "list", "data": [model_object(state, m) for m in models]})
 
 
 async def get_model(request: Request) -> Response:
     state = get_state(request)
-    await authenticate(request, state.store)
-    check_model(state, request.path_params["model"])
-    return JSONResponse(_model_object(state))
+    auth = await authenticate(request, state.store)
+    model = state.models.resolve(request.path_params["model"], auth.models, state.engine, auth.aliases)
+    return JSONResponse(model_object(state, model))

@@ -5,7 +5,10 @@ and checked again, atomically with its quotas, by the admission script. The
 first check only guards the gateway's own work (reading, parsing, templating,
 tokenizing), so a key that passed it a moment ago may skip it: the admission
 script still refuses a key revoked since. Only sha256 hashes are held, never
-keys; the table is bounded and entries expire after `ttl_s`.
+keys, each with the caller's context it verified to (its model list decides
+which model a request may name before admission; admission returns the fresh
+context and the route decides again with it). The table is bounded and
+entries expire after `ttl_s`.
 It knows nothing about HTTP or Redis.
 """
 
@@ -16,6 +19,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 from gateway.tenancy.keys import hash_key
+from gateway.tenancy.store import AuthContext
 
 
 class RecentKeys:
@@ -25,21 +29,28 @@ class RecentKeys:
         self._capacity = capacity
         self._clock = clock
         self._expiry: OrderedDict[str, float] = OrderedDict()
+        self._auth: dict[str, AuthContext] = {}
 
     def seen(self, key: str) -> bool:
         """True when `key` was verified less than ttl_s ago."""
+        return self.get(key) is not None
+
+    def get(self, key: str) -> AuthContext | None:
+        """The context `key` verified to less than ttl_s ago, or None."""
         digest = hash_key(key)
         expiry = self._expiry.get(digest)
         if expiry is None:
-            return False
+            return None
         if expiry <= self._clock():
             del self._expiry[digest]
-            return False
-        return True
+            self._auth.pop(digest, None)
+            return None
+        return self._auth.get(digest)
 
-    def add(self, key: str) -> None:
+    def add(self, key: str, auth: AuthContext) -> None:
         digest = hash_key(key)
         self._expiry[digest] = self._clock() + self.ttl_s
+        self._auth[digest] = auth
         self._expiry.move_to_end(digest)
         while len(self._expiry) > self._capacity:
-            self._expiry.popitem(last=False)
+            self._auth.pop(self._expiry.popitem(last=False)[0], None)

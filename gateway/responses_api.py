@@ -31,11 +31,12 @@ from starlette.types import ASGIApp
 from gateway.auth import bearer_key, check_key_first
 from gateway.body import read_json_object
 from gateway.errors import APIError, InternalError, InvalidRequest
+from gateway.fallbacks import serve_model
 from gateway.generation import Generation
-from gateway.models_api import check_model
+from gateway.prompts import Prompts
 from gateway.request_fields import split_fields
 from gateway.schemas import parse_chat
-from gateway.serving import PromptInput, plan, serve
+from gateway.serving import PromptInput
 from gateway.sse import sse_event
 from gateway.state import get_state
 from gateway.tool_parser import ArgumentsDelta, Event, ToolCallParser, ToolCallStart
@@ -51,17 +52,21 @@ _CHAT_PARAM = {"max_tokens": "max_output_tokens", "response_format": "text.forma
 async def responses(request: Request) -> ASGIApp:
     state = get_state(request)
     key = bearer_key(request)
-    await check_key_first(key, state.store, state.recent_keys)
+    auth = await check_key_first(key, state.store, state.recent_keys)
     body = await read_json_object(request, state.config.max_body_bytes, state.config.body_timeout_s)
     chat_body = to_chat_body(split_fields(body, DECLARED, "responses"))
     try:
         chat = parse_chat(chat_body)
     except InvalidRequest as e:
         raise _renamed(e) from None
-    check_model(state, chat.settings.model)
-    prompt = PromptInput(await state.prompts.chat(chat.messages, chat.tools, template=chat.template), param="input")
-    shape = ResponsesShape(model=state.engine_client().model_info.model_name, request_body=body)
-    return await serve(request, state, plan(state, "chat", chat.settings, prompt), key, shape)
+
+    async def prompt(prompts: Prompts) -> PromptInput:
+        return PromptInput(await prompts.chat(chat.messages, chat.tools, template=chat.template), param="input")
+
+    def shape(model: str) -> ResponsesShape:
+        return ResponsesShape(model=model, request_body=body)
+
+    return await serve_model(request, state, "chat", chat.settings, prompt, auth, key, shape)
 
 
 def _renamed(e: InvalidRequest) -> InvalidRequest:

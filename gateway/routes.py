@@ -3,15 +3,16 @@
     POST /v1/chat/completions   chat messages -> chat template -> tokens -> serving
     POST /v1/completions        prompt (text or token ids) -> tokens -> serving
     POST /v1/responses          OpenAI's Responses API over the chat path, stateless (responses_api.py)
-    GET  /v1/models, /v1/models/{model}   the one model the engine serves (models_api.py)
+    GET  /v1/models, /v1/models/{model}   the models this tenant may use (models_api.py)
     POST /tokenize, /detokenize vLLM's tokenizer endpoints (tokenize_api.py)
     GET  /openapi.json          the API document, generated from the request models (openapi.py)
     GET  /health                engine and Redis status (no key needed)
 
 Every route with a key checks it before reading the body (`check_key_first`),
 so an unauthenticated client never gets a body read, parsed, templated or
-tokenized; a generation request is then admitted (key + quotas again, one
-Redis round trip) by `serving.serve`.
+tokenized; the body's model goes through the one access decision and its
+fallbacks (fallbacks.py), and the request is then admitted (key + quotas
+again, one Redis round trip) by `serving.serve`.
 """
 
 from __future__ import annotations
@@ -25,11 +26,13 @@ from starlette.types import ASGIApp
 
 from gateway.auth import bearer_key, check_key_first
 from gateway.body import read_json_object
-from gateway.models_api import check_model, get_model, list_models
+from gateway.fallbacks import serve_model
+from gateway.models_api import get_model, list_models
 from gateway.openapi import openapi_json
+from gateway.prompts import Prompts
 from gateway.responses_api import responses
-from gateway.schemas import GenerationSettings, parse_chat, parse_completion
-from gateway.serving import PromptInput, plan, serve
+from gateway.schemas import parse_chat, parse_completion
+from gateway.serving import PromptInput
 from gateway.state import GatewayState, get_state
 from gateway.tokenize_api import detokenize, tokenize
 
@@ -37,23 +40,26 @@ from gateway.tokenize_api import detokenize, tokenize
 async def chat_completions(request: Request) -> ASGIApp:
     state = get_state(request)
     key = bearer_key(request)
-    await check_key_first(key, state.store, state.recent_keys)
+    auth = await check_key_first(key, state.store, state.recent_keys)
     chat = parse_chat(await _read_body(request, state))
-    _check_settings(state, chat.settings)
-    prompt = PromptInput(await state.prompts.chat(chat.messages, chat.tools, template=chat.template),
-                         param="messages")
-    return await serve(request, state, plan(state, "chat", chat.settings, prompt), key)
+
+    async def prompt(prompts: Prompts) -> PromptInput:
+        return PromptInput(await prompts.chat(chat.messages, chat.tools, template=chat.template), param="messages")
+
+    return await serve_model(request, state, "chat", chat.settings, prompt, auth, key)
 
 
 async def completions(request: Request) -> ASGIApp:
     state = get_state(request)
     key = bearer_key(request)
-    await check_key_first(key, state.store, state.recent_keys)
+    auth = await check_key_first(key, state.store, state.recent_keys)
     completion = parse_completion(await _read_body(request, state))
-    _check_settings(state, completion.settings)
-    prompt = PromptInput(await state.prompts.completion(completion.prompt), param="prompt",
-                         text=completion.prompt if isinstance(completion.prompt, str) else None)
-    return await serve(request, state, plan(state, "completion", completion.settings, prompt), key)
+
+    async def prompt(prompts: Prompts) -> PromptInput:
+        return PromptInput(await prompts.completion(completion.prompt), param="prompt",
+                           text=completion.prompt if isinstance(completion.prompt, str) else None)
+
+    return await serve_model(request, state, "completion", completion.settings, prompt, auth, key)
 
 
 async def health(request: Request) -> Response:
@@ -70,12 +76,6 @@ async def health(request: Request) -> Response:
 
 async def _read_body(request: Request, state: GatewayState) -> dict[str, Any]:
     return await read_json_object(request, state.config.max_body_bytes, state.config.body_timeout_s)
-
-
-def _check_settings(state: GatewayState, settings: GenerationSettings) -> None:
-    """What needs the model: its name, and stop token ids inside its vocabulary."""
-    check_model(state, settings.model)
-    state.prompts.check_vocab(list(settings.stop_token_ids), "stop_token_ids")
 
 
 ROUTES = [

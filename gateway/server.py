@@ -23,7 +23,7 @@ import signal
 import sys
 from typing import Any
 
-from gateway.config import ConfigError, GatewayConfig
+from gateway.config import ConfigError, GatewayConfig, ModelsConfig
 from gateway.tenancy.admission import AdmissionConfig
 from gateway.tenancy.errors import InvalidArgument
 from shared.cli_env import add_env_twins
@@ -57,6 +57,24 @@ def engine_addresses(values: list[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(found))
 
 
+def _model_flags(p: argparse.ArgumentParser, d: GatewayConfig) -> None:
+    """Which models the gateway serves, and their aliases and fallbacks (gateway/served_models.py)."""
+    a = p.add_argument
+    a("--model", action=_Addresses, default=d.model,
+      help="model spec for the tokenizer; repeat it (or separate by commas) for each model the engines serve; "
+      "the first is the default")
+    a("--model-alias", action="append", default=[], metavar="NAME=MODEL",
+      help="clients may ask for MODEL as NAME (repeatable; in the environment, separated by spaces)")
+    a("--model-fallback", action="append", default=[], metavar="MODEL=A,B",
+      help="when MODEL has no live engine, is cooling down or its context is too short, try A then B "
+      "(repeatable; in the environment, separated by spaces)")
+    a("--model-cooldown", type=float, default=d.models.cooldown_s,
+      help="seconds a model whose engine failed a request is passed over for its fallbacks")
+    a("--model-cost-weight", action="append", default=[], metavar="MODEL=W",
+      help="MODEL's tokens count W times against tenant-wide token limits and budgets (repeatable; in the "
+      "environment, separated by spaces)")
+
+
 def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentParser:
     d = DEFAULTS
     p = argparse.ArgumentParser(prog="pageserve gateway", description="OpenAI-compatible HTTP gateway")
@@ -76,7 +94,7 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
     a("--host", default=d.host, help="address to listen on")
     a("--port", type=int, default=d.port, help="port to listen on")
     a("--workers", type=int, default=d.workers, help="gateway processes sharing the port")
-    a("--model", default=d.model, help="model spec for the tokenizer; must be what the engine serves")
+    _model_flags(p, d)
     a("--engine-timeout", type=float, default=d.engine_connect_timeout_s,
       help="seconds to wait for the engine at start-up")
     a("--engine-retry-interval", type=float, default=d.engine_retry_interval_s,
@@ -129,8 +147,14 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> Gatewa
     replicas = dataclasses.replace(
         DEFAULTS.replicas, addresses=given if a.discover_engines or len(given) > 1 else (),
         discover=a.discover_engines, stall_timeout_s=a.stall_timeout)
+    specs = engine_addresses(a.model if isinstance(a.model, list) else [a.model])  # env: "A,B"
+    models = ModelsConfig(extra=specs[1:], aliases=dict(_pairs(a.model_alias, "--model-alias")),
+                          fallbacks={k: tuple(x.strip() for x in v.split(",") if x.strip())
+                                     for k, v in _pairs(a.model_fallback, "--model-fallback")},
+                          cooldown_s=a.model_cooldown, cost_weights=_weights(a.model_cost_weight))
     return GatewayConfig(
-        engine_address=engines[0], replicas=replicas, redis_url=a.redis_url, model=a.model, host=a.host, port=a.port,
+        engine_address=engines[0], replicas=replicas, redis_url=a.redis_url, model=specs[0], models=models,
+        host=a.host, port=a.port,
         redis_prefix=a.redis_prefix, engine_connect_timeout_s=a.engine_timeout,
         engine_retry_interval_s=a.engine_retry_interval,
         engine_poll_interval_s=a.engine_poll_interval, engine_stall_s=a.engine_stall,
@@ -146,6 +170,29 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> Gatewa
         redis_down_fail_open=frozenset(t.strip() for t in a.redis_down_fail_open.split(",") if t.strip()),
         admin_token=env.get("PAGESERVE_ADMIN_TOKEN") or None,  # env only: a flag would show in `ps`
     )
+
+
+def _pairs(values: list[str] | str, flag: str) -> list[tuple[str, str]]:
+    """`NAME=VALUE` flags (or the environment's "A=B C=D"); a ConfigError names the flag of one without '='."""
+    out = []
+    for v in values.split() if isinstance(values, str) else values:
+        name, sep, value = v.partition("=")
+        if not sep or not name.strip() or not value.strip():
+            raise ConfigError(f"invalid setting {flag}: expected NAME=VALUE, got {v!r}")
+        out.append((name.strip(), value.strip()))
+    return out
+
+
+def _weights(values: list[str] | str) -> dict[str, float]:
+    weights = {}
+    for name, value in _pairs(values, "--model-cost-weight"):
+        try:
+            weights[name] = float(value)
+        except ValueError:
+            raise ConfigError(f"invalid setting --model-cost-weight: {value!r} is not a number") from None
+        if not 0 < weights[name] <= 1000:
+            raise ConfigError(f"invalid setting --model-cost-weight: {value} must be in (0, 1000]")
+    return weights
 
 
 _ARGV_ENV = "PAGESERVE_GATEWAY_ARGV"

@@ -32,11 +32,14 @@ from gateway.logprobs import LogprobEntry, TokenTexts
 from gateway.openai_format import Endpoint, ResponseFormat, id_prefix
 from gateway.output_options import bad_words_token_ids, truncate_prompt
 from gateway.prompt_echo import echo_choice, echo_logprobs, prompt_fields, prompt_logprobs_body
-from gateway.request_context import record_of
+from gateway.prompts import Prompts
+from gateway.request_context import RequestRecord, record_of
 from gateway.sampling_plan import DecidedSampling, OutputLimits, decide_sampling
 from gateway.schemas import GenerationSettings
 from gateway.sse import DONE, SSEResponse, sse_event
 from gateway.state import EngineHandle, GatewayState
+from gateway.tenancy.admission import Ticket
+from gateway.tenancy.store import AuthContext
 from gateway.token_limits import check_token_ids, vocab_size_of
 from gateway.tool_parser import ToolCallParser
 from shared.sampling import SamplingParams
@@ -63,29 +66,38 @@ class Plan:
     engine: EngineHandle
     decided: DecidedSampling
     """The final sampling parameters and the output tokens admission reserves, decided together."""
+    prompts: Prompts
+    """The served model's tokenizer (detokenizes the output)."""
+    model_id: str = ""
+    """The served model id (after aliases and fallbacks); '' for the one engine of a unit test."""
+    requested: str = ""
+    """The name the client sent (a 404 after admission repeats it)."""
 
     @property
     def sampling(self) -> SamplingParams:
         return self.decided.sampling
 
 
-def plan(state: GatewayState, endpoint: Endpoint, settings: GenerationSettings, prompt: PromptInput) -> Plan:
+def plan(state: GatewayState, endpoint: Endpoint, settings: GenerationSettings, prompt: PromptInput,
+         model_id: str = "", prompts: Prompts | None = None) -> Plan:
     """Token ids checked against the engine's vocabulary, then the final sampling parameters and the
-    reservation (gateway/sampling_plan.py); 400 or 503 (engine down) before any quota is touched."""
-    engine = state.engine_client()
+    reservation (gateway/sampling_plan.py); 400 or 503 (engine down) before any quota is touched.
+    With `model_id`, the engine is that model's replicas only."""
+    engine = state.models.engine_for(model_id, state.engine) if model_id else state.engine_client()
+    prompts = prompts or state.prompts
     info = engine.model_info
-    settings, prompt = _apply_output_options(state, settings, prompt, info.max_model_len)
-    vocab = vocab_size_of(info.vocab_size, state.prompts.vocab_size)
+    settings, prompt = _apply_output_options(state, settings, prompt, info.max_model_len, prompts)
+    vocab = vocab_size_of(info.vocab_size, prompts.vocab_size)
     check_token_ids(prompt.token_ids, vocab, prompt.param)
     check_token_ids(settings.stop_token_ids, vocab, "stop_token_ids")
     cap = state.admission.config.default_max_tokens if state.admission is not None else None
     limits = OutputLimits(state.config.completion_default_max_tokens, reservation_cap=cap)
     decided = decide_sampling(endpoint, settings, len(prompt.token_ids), prompt.param, info, limits)
-    return Plan(endpoint, settings, prompt, engine, decided)
+    return Plan(endpoint, settings, prompt, engine, decided, prompts, model_id, settings.model)
 
 
 def _apply_output_options(state: GatewayState, settings: GenerationSettings, prompt: PromptInput,
-                          max_model_len: int) -> tuple[GenerationSettings, PromptInput]:
+                          max_model_len: int, prompts: Prompts) -> tuple[GenerationSettings, PromptInput]:
     """truncate_prompt_tokens on the ids, bad_words tokenized into the sampling fields (vLLM's rules)."""
     out = settings.output
     keep = out.truncate_prompt_tokens
@@ -93,7 +105,7 @@ def _apply_output_options(state: GatewayState, settings: GenerationSettings, pro
         ids = truncate_prompt(prompt.token_ids, keep, max_model_len)
         prompt = dataclasses.replace(prompt, token_ids=ids, text=None if ids != prompt.token_ids else prompt.text)
     if out.bad_words:
-        words = bad_words_token_ids(out.bad_words, state.prompts.tokenizer)
+        words = bad_words_token_ids(out.bad_words, prompts.tokenizer)
         fields = MappingProxyType({**settings.sampling_fields, "bad_words_token_ids": words})
         settings = dataclasses.replace(settings, sampling_fields=fields)
     return settings, prompt
@@ -126,13 +138,7 @@ async def serve(request: Request, state: GatewayState, plan: Plan, key: str,
     request_id = record.engine_id(prefix) if record is not None else prefix + uuid.uuid4().hex
     fmt = ResponseFormat(plan.endpoint, request_id, plan.engine.model_info.model_name, settings.include_usage,
                          settings.continuous_usage)
-    admission_started = time.perf_counter()
-    try:
-        caller, ticket = await admit(key, state.store, state.admission, len(plan.prompt.token_ids),
-                                     plan.decided.reserved_output_tokens, state.outage)
-    finally:
-        if record is not None:
-            record.admission_s = time.perf_counter() - admission_started
+    caller, ticket = await _admit(state, plan, key, record)
     if record is not None:
         record.tenant, record.model_name = caller.tenant, fmt.model
     # From here on the request is admitted: every path ends in exactly one settlement (gen.close()).
@@ -143,7 +149,7 @@ async def serve(request: Request, state: GatewayState, plan: Plan, key: str,
             sampling=plan.sampling,
             stop=settings.stop,
             caller=caller,
-            tokenizer=state.prompts.tokenizer,
+            tokenizer=plan.prompts.tokenizer,
             ticket=ticket,
             observer=record,
             grammar=settings.grammar,
@@ -172,6 +178,34 @@ async def serve(request: Request, state: GatewayState, plan: Plan, key: str,
             await gen.close()
         raise
     return ThenClose(response, gen.close)
+
+
+async def _admit(state: GatewayState, plan: Plan, key: str,
+                 record: RequestRecord | None) -> tuple[AuthContext, Ticket | None]:
+    """Key and quotas in one Redis round trip (timed for the request's record), then the model list as
+    admission read it."""
+    admission_started = time.perf_counter()
+    try:
+        caller, ticket = await admit(key, state.store, state.admission, len(plan.prompt.token_ids),
+                                     plan.decided.reserved_output_tokens, state.outage, plan.model_id,
+                                     state.config.models.cost_weights.get(plan.model_id, 1.0))
+    finally:
+        if record is not None:
+            record.admission_s = time.perf_counter() - admission_started
+    await _recheck_model(state, plan, caller, ticket)
+    return caller, ticket
+
+
+async def _recheck_model(state: GatewayState, plan: Plan, caller: AuthContext, ticket: Ticket | None) -> None:
+    """The model list as admission just read it: a change since the key check holds now (nothing charged)."""
+    if not plan.model_id:
+        return
+    try:
+        state.models.recheck(plan.requested, plan.model_id, caller.models, state.engine)
+    except BaseException:
+        if ticket is not None:
+            await ticket.settle(0, 0, error=True)
+        raise
 
 
 class ThenClose:

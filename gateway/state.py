@@ -22,6 +22,7 @@ from gateway.errors import EngineUnavailable
 from gateway.generation import Engine
 from gateway.prompts import Prompts
 from gateway.recent_keys import RecentKeys
+from gateway.served_models import ServedModels
 from gateway.tenancy.admission import Admission
 from gateway.tenancy.outage_policy import OutagePolicy
 from shared.model_info import ModelInfo
@@ -74,6 +75,17 @@ class GatewayState:
     """Keys (hashes) verified in the last seconds: the key check before the body skips Redis for them."""
     outage: OutagePolicy = field(default_factory=OutagePolicy)
     """What admission does while Redis is down: fail closed, or serve chosen tenants without quotas."""
+    served: ServedModels | None = None
+    """The models behind the gateway, their tokenizers and fallbacks; None: `prompts` for the one model."""
+
+    def __post_init__(self) -> None:
+        if self.served is None:  # one model (unit tests, a single engine): its spec names it
+            object.__setattr__(self, "served", ServedModels({self.config.model: self.prompts}))
+
+    @property
+    def models(self) -> ServedModels:
+        assert self.served is not None
+        return self.served
 
     def engine_client(self) -> EngineHandle:
         """The live engine client, or a 503 for this request."""
@@ -82,14 +94,23 @@ class GatewayState:
             raise EngineUnavailable("the engine is not reachable; retry shortly", code="engine_unavailable")
         return client
 
-    def served_model_names(self, info: ModelInfo) -> set[str]:
-        return {info.model_name, self.config.model}
-
 
 def get_state(request: Request) -> GatewayState:
     state: Any = request.state.gateway
     assert isinstance(state, GatewayState)
     return state
+
+
+async def load_served_models(config: GatewayConfig, first: Prompts) -> ServedModels:
+    """Every configured model's tokenizer, keyed by the name its engine reports (the spec is an alias)."""
+    from shared.model_store import resolve_model
+
+    specs = (config.model, *config.models.extra)
+    names = {spec: resolve_model(spec).name for spec in specs}
+    tables = {names[config.model]: first}
+    for spec in config.models.extra:
+        tables[names[spec]] = await Prompts.load(spec)
+    return ServedModels(tables, config.models, spec_aliases=names)
 
 
 @contextlib.asynccontextmanager
@@ -102,6 +123,9 @@ async def open_services(config: GatewayConfig) -> AsyncIterator[GatewayState]:
     from gateway.tenancy.store import TenantStore
 
     prompts = await Prompts.load(config.model)
+    served = None
+    if config.models.extra or config.models.aliases or config.models.fallbacks:
+        served = await load_served_models(config, prompts)
     redis = connect(config.redis_url, timeout_s=config.redis_timeout_s, max_connections=config.redis_max_connections,
                     pool_wait_s=config.redis_pool_wait_s)
     store = TenantStore(redis, prefix=config.redis_prefix, actor="gateway")
@@ -116,7 +140,8 @@ async def open_services(config: GatewayConfig) -> AsyncIterator[GatewayState]:
     try:
         await link.start(config.engine_connect_timeout_s)
         yield GatewayState(config=config, engine=link, prompts=prompts, store=store, redis=store,
-                           admission=admission, outage=OutagePolicy(fail_open=config.redis_down_fail_open))
+                           admission=admission, outage=OutagePolicy(fail_open=config.redis_down_fail_open),
+                           served=served)
     finally:
         await admission.aclose()
         await link.close()

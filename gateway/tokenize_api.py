@@ -5,7 +5,9 @@
     /detokenize  {"tokens": [int]} -> {"prompt": str}
 
 Both need a valid key, checked before the body is read (tokenizing is work an
-unauthenticated client must not cause). Owns these request models (also in
+unauthenticated client must not cause). `model` (default: the gateway's first
+`--model`) goes through the one access decision (`ServedModels.resolve`), and
+picks that model's tokenizer. Owns these request models (also in
 /openapi.json); the tokenizer itself is `gateway/prompts.py`'s.
 """
 
@@ -19,10 +21,11 @@ from starlette.responses import JSONResponse, Response
 
 from gateway.auth import bearer_key, check_key_first
 from gateway.body import read_json_object
-from gateway.models_api import check_model
+from gateway.prompts import Prompts
 from gateway.request_fields import split_fields
 from gateway.schemas import ChatMessage, TokenId, flatten_messages, invalid_request
 from gateway.state import GatewayState, get_state
+from gateway.tenancy.store import AuthContext
 
 
 class _Strict(BaseModel):
@@ -53,43 +56,46 @@ _M = TypeVar("_M", bound=BaseModel)
 
 
 async def tokenize(request: Request) -> Response:
-    state, body = await _authorized_body(request)
+    state, auth, body = await _authorized_body(request)
     if "messages" in body:
         chat = _validate(TokenizeChatRequest, body)
-        _check_model(state, chat.model)
-        tokens = await state.prompts.chat(flatten_messages(chat.messages), None, chat.add_generation_prompt,
-                                          chat.add_special_tokens)
+        prompts, max_model_len = _model(state, auth, chat.model)
+        tokens = await prompts.chat(flatten_messages(chat.messages), None, chat.add_generation_prompt,
+                                    chat.add_special_tokens)
         want_strs = chat.return_token_strs
     else:
         text = _validate(TokenizeCompletionRequest, body)
-        _check_model(state, text.model)
-        tokens = await state.prompts.text(text.prompt, text.add_special_tokens)
+        prompts, max_model_len = _model(state, auth, text.model)
+        tokens = await prompts.text(text.prompt, text.add_special_tokens)
         want_strs = text.return_token_strs
     return JSONResponse({
         "count": len(tokens),
-        "max_model_len": state.engine_client().model_info.max_model_len,
+        "max_model_len": max_model_len,
         "tokens": tokens,
-        "token_strs": state.prompts.token_strings(tokens) if want_strs else None,
+        "token_strs": prompts.token_strings(tokens) if want_strs else None,
     })
 
 
 async def detokenize(request: Request) -> Response:
-    state, body = await _authorized_body(request)
+    state, auth, body = await _authorized_body(request)
     parsed = _validate(DetokenizeRequest, body)
-    _check_model(state, parsed.model)
-    state.prompts.check_vocab(parsed.tokens, "tokens")
-    return JSONResponse({"prompt": await state.prompts.detokenize(parsed.tokens)})
+    prompts, _ = _model(state, auth, parsed.model)
+    prompts.check_vocab(parsed.tokens, "tokens")
+    return JSONResponse({"prompt": await prompts.detokenize(parsed.tokens)})
 
 
-async def _authorized_body(request: Request) -> tuple[GatewayState, dict[str, Any]]:
+async def _authorized_body(request: Request) -> tuple[GatewayState, AuthContext, dict[str, Any]]:
     state = get_state(request)
-    await check_key_first(bearer_key(request), state.store, state.recent_keys)
-    return state, await read_json_object(request, state.config.max_body_bytes, state.config.body_timeout_s)
+    auth = await check_key_first(bearer_key(request), state.store, state.recent_keys)
+    body = await read_json_object(request, state.config.max_body_bytes, state.config.body_timeout_s)
+    return state, auth, body
 
 
-def _check_model(state: GatewayState, model: str | None) -> None:
-    if model is not None:
-        check_model(state, model)
+def _model(state: GatewayState, auth: AuthContext, requested: str | None) -> tuple[Prompts, int]:
+    """The named model's (default: the first --model's) tokenizer and context, as this tenant may use it."""
+    model = state.models.resolve(requested or state.config.model, auth.models, state.engine, auth.aliases)
+    state.models.require_live(model)
+    return state.models.prompts_for(model), state.models.engine_for(model.id, state.engine).model_info.max_model_len
 
 
 def _validate(model: type[_M], body: dict[str, Any]) -> _M:

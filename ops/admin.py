@@ -4,13 +4,15 @@ Works while the gateway is down: it needs only `--redis-url` (or
 $PAGESERVE_REDIS_URL) and the key prefix the gateway uses (`--prefix`,
 $PAGESERVE_REDIS_PREFIX, default "ps"). Every change lands in the audit log.
 
-    pageserve admin tenant create NAME [--tier free|standard|premium]
+    pageserve admin tenant create NAME [--tier free|standard|premium] [--models A,B]   # default: every model (*)
     pageserve admin tenant list|show NAME|suspend NAME|resume NAME|delete NAME
+    pageserve admin tenant models NAME [--allow MODEL ... | --all | --none]   # no option: show the list
+    pageserve admin tenant aliases NAME [--set ALIAS=MODEL ...] [--unset ALIAS ...]   # the tenant's own
     pageserve admin key create TENANT [--label L]      # prints the key once
     pageserve admin key list TENANT | revoke KEY_ID | rotate KEY_ID [--grace SECONDS]
-    pageserve admin quota set TENANT [--key KEY_ID] [--rpm N] [--input-tpm N] ... (N | unlimited | default)
-    pageserve admin quota show TENANT [--key KEY_ID]
-    pageserve admin usage show [TENANT [--by-key]] [--key KEY_ID] [--since DATE] [--until DATE] [--json]
+    pageserve admin quota set TENANT [--key KEY_ID | --model MODEL] [--rpm N] [--input-tpm N] ... (N | unlimited | default)
+    pageserve admin quota show TENANT [--key KEY_ID | --model MODEL]
+    pageserve admin usage show [TENANT [--by-key | --by-model]] [--key KEY_ID] [--since DATE] [--until DATE] [--json]
     pageserve admin audit show [--limit N]
     pageserve admin install-units [--root DIR] [--memory-max 24G]   # systemd units (ops/units.py)
 
@@ -44,6 +46,26 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON")
 
 
+def _tenant_commands(tenant: Any, leaf: Callable[[Any, str, str], argparse.ArgumentParser]) -> None:
+    p = leaf(tenant, "create", "create a tenant")
+    p.add_argument("name")
+    p.add_argument("--tier", default=DEFAULT_TIER, choices=sorted(TIERS))
+    p.add_argument("--models", default=None, help="comma-separated model ids it may use ('' for none); "
+                   "default: every model (*)")
+    leaf(tenant, "list", "list tenants")
+    p = leaf(tenant, "models", "show or replace the models a tenant may use")
+    p.add_argument("name")
+    p.add_argument("--allow", action="append", default=None, metavar="MODEL", help="a model id (repeatable)")
+    p.add_argument("--all", dest="every", action="store_true", help="every model, now and later (*)")
+    p.add_argument("--none", action="store_true", help="no model")
+    p = leaf(tenant, "aliases", "show or change the tenant's own model aliases (before the gateway's)")
+    p.add_argument("name")
+    p.add_argument("--set", dest="set_", action="append", default=[], metavar="ALIAS=MODEL")
+    p.add_argument("--unset", action="append", default=[], metavar="ALIAS")
+    for cmd in ("show", "suspend", "resume", "delete"):
+        leaf(tenant, cmd, f"{cmd} a tenant").add_argument("name")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pageserve admin", description=__doc__.split("\n\n")[0])
     _common(parser)
@@ -54,13 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
         _common(p)
         return p
 
-    tenant = groups.add_parser("tenant", help="tenants").add_subparsers(dest="cmd", required=True)
-    p = leaf(tenant, "create", "create a tenant")
-    p.add_argument("name")
-    p.add_argument("--tier", default=DEFAULT_TIER, choices=sorted(TIERS))
-    leaf(tenant, "list", "list tenants")
-    for cmd in ("show", "suspend", "resume", "delete"):
-        leaf(tenant, cmd, f"{cmd} a tenant").add_argument("name")
+    _tenant_commands(groups.add_parser("tenant", help="tenants").add_subparsers(dest="cmd", required=True), leaf)
 
     key = groups.add_parser("key", help="API keys").add_subparsers(dest="cmd", required=True)
     p = leaf(key, "create", "create a key (printed once)")
@@ -76,17 +92,20 @@ def build_parser() -> argparse.ArgumentParser:
     p = leaf(quota, "set", "override limits: N, 'unlimited', or 'default' (the tier's value; for a key: none)")
     p.add_argument("tenant")
     p.add_argument("--key", dest="key_id", default=None, help="set the key's own limits")
+    p.add_argument("--model", default=None, help="set the tenant's limits on this model id")
     for field in LIMIT_FIELDS:
         p.add_argument("--" + field.replace("_", "-"), dest=field, default=None, metavar="N", help=LIMIT_HELP[field])
     p = leaf(quota, "show", "effective limits")
     p.add_argument("tenant")
     p.add_argument("--key", dest="key_id", default=None)
+    p.add_argument("--model", default=None)
 
     usage = groups.add_parser("usage", help="usage").add_subparsers(dest="cmd", required=True)
     p = leaf(usage, "show", "usage per day")
     p.add_argument("tenant", nargs="?", default=None)
     p.add_argument("--key", dest="key_id", default=None, help="one key's usage")
     p.add_argument("--by-key", action="store_true", help="a row per key of TENANT")
+    p.add_argument("--by-model", action="store_true", help="a row per model TENANT used")
     p.add_argument("--since", default=None, help="first UTC day, YYYY-MM-DD (default: 30 days ago)")
     p.add_argument("--until", default=None, help="last UTC day, YYYY-MM-DD (default: today)")
 
@@ -98,7 +117,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _dispatch(ops: AdminOps, a: argparse.Namespace) -> Callable[[], Awaitable[OpResult]]:
     table: dict[tuple[str, str], Callable[[], Awaitable[OpResult]]] = {
-        ("tenant", "create"): lambda: ops.tenant_create(a.name, a.tier),
+        ("tenant", "create"): lambda: ops.tenant_create(
+            a.name, a.tier, None if a.models is None else a.models.split(",")),
+        ("tenant", "models"): lambda: ops.tenant_models(a.name, a.allow, a.every, a.none),
+        ("tenant", "aliases"): lambda: ops.tenant_aliases(a.name, a.set_, a.unset),
         ("tenant", "list"): ops.tenant_list,
         ("tenant", "show"): lambda: ops.tenant_show(a.name),
         ("tenant", "suspend"): lambda: ops.tenant_suspend(a.name),
@@ -109,9 +131,9 @@ def _dispatch(ops: AdminOps, a: argparse.Namespace) -> Callable[[], Awaitable[Op
         ("key", "revoke"): lambda: ops.key_revoke(a.key_id),
         ("key", "rotate"): lambda: ops.key_rotate(a.key_id, a.grace),
         ("quota", "set"): lambda: ops.quota_set(
-            a.tenant, a.key_id, {f: getattr(a, f) for f in LIMIT_FIELDS if getattr(a, f) is not None}),
-        ("quota", "show"): lambda: ops.quota_show(a.tenant, a.key_id),
-        ("usage", "show"): lambda: ops.usage_show(a.tenant, a.key_id, a.since, a.until, a.by_key),
+            a.tenant, a.key_id, {f: getattr(a, f) for f in LIMIT_FIELDS if getattr(a, f) is not None}, a.model),
+        ("quota", "show"): lambda: ops.quota_show(a.tenant, a.key_id, a.model),
+        ("usage", "show"): lambda: ops.usage_show(a.tenant, a.key_id, a.since, a.until, a.by_key, a.by_model),
         ("audit", "show"): lambda: ops.audit_show(a.limit),
     }
     return table[(a.group, a.cmd)]

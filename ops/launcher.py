@@ -2,6 +2,7 @@
 
     pageserve up [--model smollm2] [--port 8000] [--redis-url URL] [--engine-port N] [--tenant demo]
                  [--engines N]                # N engine replicas behind the gateway (ports from --engine-port)
+                 [--model A --model B]        # several models behind one gateway: N engines for each
                  [--engine tcp://HOST:PORT]   # use an engine that is already running instead
                  [--crash-loop-count 5] [--crash-loop-window 60] [--log-dir DIR]
 
@@ -57,6 +58,9 @@ HEALTH_TIMEOUT_S = 600.0
 @dataclass(frozen=True)
 class LaunchConfig:
     model: str = DEFAULT_MODEL
+    """The first (default) model."""
+    more_models: tuple[str, ...] = ()
+    """Further models (`--model` repeated): each gets its own `engines` replicas behind the one gateway."""
     host: str = "127.0.0.1"
     port: int = 8000
     """The gateway's HTTP port."""
@@ -65,7 +69,11 @@ class LaunchConfig:
     engine_port: int | None = None
     """None: a free port (each replica its own); N: replicas on N, N+1, ..."""
     engines: int = 1
-    """Engine replicas to start; the gateway routes between them (gateway/replicas/)."""
+    """Engine replicas to start per model; the gateway routes between them (gateway/replicas/)."""
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        return (self.model, *self.more_models)
     engine_address: str | None = None
     """An engine already running there is used; None: start one."""
     engine_args: tuple[str, ...] = ()
@@ -91,7 +99,8 @@ def gateway_command(cli: list[str], config: LaunchConfig, engine_address: str,
     """The gateway's argv and extra environment. The Redis URL (it may hold a password) goes by
     environment: argv is readable by every local user (`ps`, /proc/PID/cmdline)."""
     argv = [*cli, "gateway", "--engine", engine_address, "--host", config.host, "--port", str(config.port),
-            "--model", config.model, "--redis-prefix", config.redis_prefix, "--engine-timeout", str(HEALTH_TIMEOUT_S)]
+            *(x for m in config.models for x in ("--model", m)), "--redis-prefix", config.redis_prefix,
+            "--engine-timeout", str(HEALTH_TIMEOUT_S)]
     return argv, {"PAGESERVE_REDIS_URL": redis_url}
 
 
@@ -156,10 +165,11 @@ async def create_demo_key(redis_url: str, prefix: str, tenant: str) -> str:
 
 
 def engine_addresses(config: LaunchConfig) -> list[str]:
-    """Where each local replica listens: consecutive ports from --engine-port, else free ones."""
+    """Where each local replica listens (model by model): consecutive ports from --engine-port, else free ones."""
+    total = config.engines * len(config.models)
     if config.engine_port is not None:
-        return [f"tcp://127.0.0.1:{config.engine_port + i}" for i in range(config.engines)]
-    return [f"tcp://127.0.0.1:{free_port()}" for _ in range(config.engines)]
+        return [f"tcp://127.0.0.1:{config.engine_port + i}" for i in range(total)]
+    return [f"tcp://127.0.0.1:{free_port()}" for _ in range(total)]
 
 
 def curl_line(host: str, port: int, key: str, model: str) -> str:
@@ -173,12 +183,14 @@ def curl_line(host: str, port: int, key: str, model: str) -> str:
 
 def parse_args(argv: list[str]) -> LaunchConfig:
     p = argparse.ArgumentParser(prog="pageserve up", description="serve locally: redis, engine and gateway")
-    p.add_argument("--model", default=DEFAULT_MODEL)
+    p.add_argument("--model", action="append", default=None,
+                   help=f"model to serve (default {DEFAULT_MODEL}); repeat it for several models behind one gateway")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--redis-url", default=os.environ.get("PAGESERVE_REDIS_URL"))
     p.add_argument("--engine-port", type=int, default=None)
-    p.add_argument("--engines", type=int, default=1, metavar="N", help="start N engine replicas (default 1)")
+    p.add_argument("--engines", type=int, default=1, metavar="N",
+                   help="start N engine replicas of each model (default 1)")
     p.add_argument("--engine", default=None, metavar="ADDRESS",
                    help="use the engine already listening at this ZeroMQ address instead of starting one")
     p.add_argument("--engine-args", default="", help="extra flags for `pageserve engine`, as one string")
@@ -203,15 +215,18 @@ def parse_args(argv: list[str]) -> LaunchConfig:
     except ValueError as e:
         p.error(str(e).replace("crash_loop_count", "--crash-loop-count").replace("crash_loop_window_s",
                                                                                   "--crash-loop-window"))
-    return LaunchConfig(model=a.model, host=a.host, port=a.port, redis_url=a.redis_url, engine_port=a.engine_port,
+    models = a.model or [DEFAULT_MODEL]
+    if a.engine and len(models) > 1:
+        p.error("--engine (one running engine) serves one model; leave it out to start several models")
+    return LaunchConfig(model=models[0], more_models=tuple(models[1:]), host=a.host, port=a.port, redis_url=a.redis_url, engine_port=a.engine_port,
                         engines=a.engines, engine_address=a.engine, engine_args=tuple(shlex.split(a.engine_args)),
                         tenant=a.tenant, tensor_parallel_size=a.tensor_parallel_size, restart=restart,
                         log_dir=a.log_dir)
 
 
-def engine_command(cli: list[str], config: LaunchConfig, address: str) -> list[str]:
+def engine_command(cli: list[str], config: LaunchConfig, address: str, model: str | None = None) -> list[str]:
     tp = ["--tensor-parallel-size", str(config.tensor_parallel_size)] if config.tensor_parallel_size != 1 else []
-    return [*cli, "engine", "--model", config.model, "--listen", address, *tp, *config.engine_args]
+    return [*cli, "engine", "--model", model or config.model, "--listen", address, *tp, *config.engine_args]
 
 
 @dataclass
@@ -265,9 +280,14 @@ def start_engines(config: LaunchConfig, cli: list[str], log_dir: Path) -> Engine
     """Each replica on its address, logging to its own file; printed so a user can find both."""
     log_dir.mkdir(parents=True, exist_ok=True)
     addresses = engine_addresses(config)
-    names = ["engine"] if len(addresses) == 1 else [f"engine-{i}" for i in range(len(addresses))]
-    group = EngineGroup([EngineReplica(name, address, engine_command(cli, config, address), log_dir / f"{name}.log",
-                                       RestartTracker(config.restart)) for name, address in zip(names, addresses, strict=True)])
+    models = [m for m in config.models for _ in range(config.engines)]  # addresses go model by model
+    several = len(config.models) > 1
+    names = (["engine"] if len(addresses) == 1 else
+             [f"engine-{i // config.engines}-{i % config.engines}" if several else f"engine-{i}"
+              for i in range(len(addresses))])
+    group = EngineGroup([EngineReplica(name, address, engine_command(cli, config, address, model),
+                                       log_dir / f"{name}.log", RestartTracker(config.restart))
+                         for name, address, model in zip(names, addresses, models, strict=True)])
     group.start()
     for r in group.replicas:
         assert r.child is not None
@@ -293,7 +313,8 @@ def _run(config: LaunchConfig, running: Running, stopping: Callable[[], bool]) -
     running.gateway.append(spawn("gateway", gateway_argv, env=gateway_env))
     wait_healthy(f"http://{config.host}:{config.port}/health", [], HEALTH_TIMEOUT_S, tick=running.check)
     key = asyncio.run(create_demo_key(redis_url, config.redis_prefix, config.tenant))
-    print(f"\npageserve is up: http://{config.host}:{config.port}  (model {config.model}, redis {redact_url(redis_url)})")
+    print(f"\npageserve is up: http://{config.host}:{config.port}  (model {', '.join(config.models)}, "
+          f"redis {redact_url(redis_url)})")
     print(f"API key for tenant {config.tenant!r} (shown once):\n  {key}\n")
     print(curl_line(config.host, config.port, key, config.model))
     print("\nA dead engine is started again; Ctrl-C stops redis, the engine(s) and the gateway.", flush=True)

@@ -6,7 +6,8 @@ Every `probe_interval_s` one pass (`refresh`):
     replicas no longer wanted, or whose connection died ──> evicted (client closed)
     connected: no stats answer, or work but no step, for `stall_timeout_s` ──> evicted as stalled
     connected otherwise ──> a stats probe unless one is still out (load for routing)
-    wanted but not connected ──> handshake (joins only if it serves the first replica's model)
+    wanted but not connected ──> handshake (joins whatever model it serves: router.for_model routes
+                                  each request to its model's replicas, issue 42)
 
 Evicting closes the replica's client, which fails its open streams with
 EngineDeadError: failover.py moves those that sent no token yet. An evicted
@@ -30,7 +31,8 @@ from gateway.replicas.config import ReplicasConfig
 from gateway.replicas.counters import RoutingCounters
 from gateway.replicas.discovery import Discovery
 from gateway.replicas.replica import Replica
-from gateway.replicas.router import Router, combined_stats
+from gateway.replicas.router import Router, announced_adapters, combined_stats
+from gateway.tenancy.model_access import Announcement
 from shared.protocol import Stats
 
 log = logging.getLogger("pageserve.gateway")
@@ -53,7 +55,9 @@ class ReplicaSet:
         self._replicas: dict[str, Replica] = {}
         self._announced: set[str] = set()
         self._unreachable: set[str] = set()
-        self._model_name: str | None = None
+        self._registered: dict[str, str | None] = {}
+        """Every model id (base or adapter -> parent) a replica served since start: one with no live
+        replica left answers 503, not 404 (gateway/tenancy/model_access.py)."""
         self._task: asyncio.Task[None] | None = None
         self.router = Router(self)
 
@@ -141,16 +145,21 @@ class ReplicaSet:
                 self._unreachable.add(address)
                 log.info("engine replica %s not available: %s", address, e)
             return
-        model = client.model_info.model_name
-        if self._model_name is None:
-            self._model_name = model
-        elif model != self._model_name:
-            log.error("engine %s serves %s, not %s: not routing to it", address, model, self._model_name)
-            await client.close()
-            return
+        info = client.model_info
+        self._registered[info.model_name] = None
+        self._registered.update(dict(announced_adapters(info)))
         self._unreachable.discard(address)
         self._replicas[address] = Replica(address, client)
-        log.info("engine replica %s joined (%d live)", address, len(self.live()))
+        log.info("engine replica %s (%s) joined (%d live)", address, info.model_name, len(self.live()))
+
+    def announcements(self) -> list[Announcement]:
+        """What the model catalog is built from: each live replica's model and adapters."""
+        return [Announcement(r.client.model_info.model_name, True, r.client.model_info.max_model_len,
+                             announced_adapters(r.client.model_info)) for r in self.live()]
+
+    @property
+    def registered(self) -> list[str]:
+        return list(self._registered)
 
     async def _probe(self, replica: Replica) -> None:
         """One stats request; a slow answer is awaited (a long step delays it), a missing one is

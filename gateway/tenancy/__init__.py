@@ -8,7 +8,9 @@ The gateway imports from here only:
     Admission(redis).admit(auth, prompt_tokens, max_tokens) -> Ticket (a caller authenticated already)
     TenancyUnavailable -> 503             QuotaExceeded -> 429 (body(), headers)
 
-Admin operations (CLI and /admin routes) go through `admin_ops.AdminOps`.
+Which model a tenant's requested name means (or 404) is `model_access.resolve_model`, pure: every
+route asks it (through gateway/served_models.py). Admin operations (CLI and /admin routes) go through
+`admin_ops.AdminOps`.
 Admission's scripts run over one pipelined connection per process
 (`script_channel.py`); everything else uses the redis-py client.
 Redis is the only state; admission fails closed when it is unreachable (there

@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.tenancy.errors import InvalidArgument
+from gateway.tenancy.model_access import EVERY_MODEL, ModelAccess
 from gateway.tenancy.quota import LIMIT_FIELDS, parse_limit
 from gateway.tenancy.quota_store import QuotaStore
-from gateway.tenancy.store import KeyInfo, Tenant, TenantStore
+from gateway.tenancy.store import KeyInfo, Tenant, TenantStore, parse_aliases
 from gateway.tenancy.usage import UsageReader, UsageRow
 
 
@@ -58,9 +59,39 @@ class AdminOps:
 
     # -- tenants -----------------------------------------------------------------
 
-    async def tenant_create(self, name: str, tier: str) -> OpResult:
-        t = await self.store.create_tenant(name, tier)
-        return OpResult(t.to_dict(), f"created tenant {t.name} (tier {t.tier}, id {t.id})")
+    async def tenant_create(self, name: str, tier: str, models: list[str] | None = None) -> OpResult:
+        """models: None for every model ("*"); a list (possibly empty: none) otherwise."""
+        access = EVERY_MODEL if models is None else ModelAccess.of(models)
+        t = await self.store.create_tenant(name, tier, access)
+        return OpResult(t.to_dict(), f"created tenant {t.name} (tier {t.tier}, id {t.id}, "
+                                     f"models {_models(access)})")
+
+    async def tenant_aliases(self, name: str, set_: list[str], unset: list[str]) -> OpResult:
+        """Add (--set NAME=MODEL) or drop (--unset NAME) the tenant's own aliases; nothing given shows them."""
+        aliases = dict(parse_aliases((await self.store.get_tenant(name)).aliases))
+        for pair in set_:
+            alias, sep, model = (x.strip() for x in pair.partition("="))
+            if not sep or not alias or not model:
+                raise InvalidArgument(f"--set expects NAME=MODEL, got {pair!r}")
+            aliases[alias] = model
+        for alias in unset:
+            aliases.pop(alias, None)
+        if set_ or unset:
+            await self.store.set_aliases(name, aliases)
+        text = "\n".join(f"  {a} -> {m}" for a, m in sorted(aliases.items())) or "  none"
+        return OpResult({"tenant": name, "aliases": aliases}, f"model aliases of tenant {name}:\n{text}")
+
+    async def tenant_models(self, name: str, allow: list[str] | None, every: bool, none: bool) -> OpResult:
+        """Replace the model list: --allow A --allow B, --all ("*"), or --none; nothing given shows it."""
+        if sum((bool(allow), every, none)) > 1:
+            raise InvalidArgument("give --allow MODEL (repeatable), --all or --none, not several")
+        if allow or every or none:
+            access = EVERY_MODEL if every else ModelAccess.of(allow or [])
+            t = await self.store.set_models(name, access)
+        else:
+            t = await self.store.get_tenant(name)
+        access = ModelAccess.parse(t.models)
+        return OpResult({"tenant": name, "models": access.shown()}, f"tenant {name} may use {_models(access)}")
 
     async def tenant_list(self) -> OpResult:
         tenants = await self.store.list_tenants()
@@ -111,17 +142,18 @@ class AdminOps:
 
     # -- quotas ------------------------------------------------------------------
 
-    async def quota_set(self, tenant: str, key_id: str | None, changes: dict[str, str]) -> OpResult:
+    async def quota_set(self, tenant: str, key_id: str | None, changes: dict[str, str],
+                        model: str | None = None) -> OpResult:
         if not changes:
             raise InvalidArgument(f"nothing to set: give at least one of --{', --'.join(LIMIT_FIELDS)}")
         parsed = {f: parse_limit(f, v) for f, v in changes.items()}
-        await self.quotas.set(tenant, key_id, parsed)
-        return await self.quota_show(tenant, key_id)
+        await self.quotas.set(tenant, key_id, parsed, model)
+        return await self.quota_show(tenant, key_id, model)
 
-    async def quota_show(self, tenant: str, key_id: str | None) -> OpResult:
-        effective = await self.quotas.effective(tenant, key_id)
-        overrides = await self.quotas.overrides(tenant, key_id)
-        scope = f"key {key_id}" if key_id else f"tenant {tenant}"
+    async def quota_show(self, tenant: str, key_id: str | None, model: str | None = None) -> OpResult:
+        effective = await self.quotas.effective(tenant, key_id, model)
+        overrides = await self.quotas.overrides(tenant, key_id, model)
+        scope = f"key {key_id}" if key_id else f"tenant {tenant} on model {model}" if model else f"tenant {tenant}"
         lines = [f"limits of {scope} (* = set explicitly):"]
         lines += [f"  {f:<15} {_limit(v)}{' *' if f in overrides else ''}" for f, v in effective.to_dict().items()]
         return OpResult({"scope": scope, "limits": effective.to_dict(), "overrides": sorted(overrides)},
@@ -130,7 +162,7 @@ class AdminOps:
     # -- usage and audit -----------------------------------------------------------
 
     async def usage_show(self, tenant: str | None, key_id: str | None, since: str | None,
-                         until: str | None, by_key: bool = False) -> OpResult:
+                         until: str | None, by_key: bool = False, by_model: bool = False) -> OpResult:
         """Per day; per tenant (all tenants by default), one key (key_id), or each key of a tenant (by_key)."""
         today = dt.datetime.now(dt.UTC).date()
         last = _parse_day(until, today)
@@ -139,7 +171,12 @@ class AdminOps:
             raise InvalidArgument(f"--since {first} is after --until {last}")
         if (last - first).days > 3660:
             raise InvalidArgument("the range is limited to ten years")
-        if key_id is not None or by_key:
+        if by_model:
+            if tenant is None or key_id is not None or by_key:
+                raise InvalidArgument("--by-model needs a tenant, and neither --key nor --by-key")
+            await self.store.get_tenant(tenant)
+            rows = await self.usage.read_models(tenant, first, last)
+        elif key_id is not None or by_key:
             if key_id is not None:
                 owners = {key_id: (await self.store.get_key(key_id)).tenant}
             elif tenant is None:
@@ -151,9 +188,9 @@ class AdminOps:
         else:
             names = [tenant] if tenant else [t.name for t in await self.store.list_tenants()]
             rows = await self.usage.read("tenant", names, first, last)
-        lines = [f"{'day':<11} {'tenant':<16} {'key':<22} {'req':>6} {'prompt':>9} {'cached':>9} "
+        lines = [f"{'day':<11} {'tenant':<16} {'key / model':<22} {'req':>6} {'prompt':>9} {'cached':>9} "
                  f"{'completion':>10} {'errors':>6}"]
-        lines += [f"{r.day:<11} {r.tenant:<16} {r.key_id or '-':<22} {r.requests:>6} {r.prompt_tokens:>9} "
+        lines += [f"{r.day:<11} {r.tenant:<16} {r.key_id or r.model or '-':<22} {r.requests:>6} {r.prompt_tokens:>9} "
                   f"{r.cached_tokens:>9} {r.completion_tokens:>10} {r.errors:>6}" for r in rows]
         data = {"since": first.isoformat(), "until": last.isoformat(), "rows": [r.to_dict() for r in rows]}
         return OpResult(data, "\n".join(lines) if rows else f"no usage from {first} to {last}")
@@ -165,6 +202,10 @@ class AdminOps:
         lines = [f"{_when(e.at)}  {e.actor:<16} {e.action:<15} {e.target}  "
                  f"{' '.join(f'{k}={v}' for k, v in sorted(e.details.items()))}" for e in entries]
         return OpResult([e.to_dict() for e in entries], "\n".join(lines) or "audit log is empty")
+
+
+def _models(access: ModelAccess) -> str:
+    return "every model (*)" if access.everything else ", ".join(access.shown()) or "no model"
 
 
 def _limit(value: int | None) -> str:

@@ -119,6 +119,12 @@ def format_duration(ms: int) -> str:
     return (f"{h}h" if h else "") + f"{m}m{sec}s"
 
 
+def _weight_arg(weight: float) -> str:
+    if not 0 < weight <= 1000:
+        raise InvalidArgument(f"a model cost weight must be in (0, 1000], got {weight}")
+    return repr(float(weight))
+
+
 def ratelimit_headers(values: list[int]) -> dict[str, str]:
     """x-ratelimit-{limit,remaining,reset}-{requests,tokens} from the script's six numbers (-1 = none)."""
     headers: dict[str, str] = {}
@@ -181,8 +187,13 @@ class Admission:
         """True when Redis answers (for /health); never raises."""
         return await ping(self.redis)
 
-    async def admit(self, auth: Principal, prompt_tokens: int, max_tokens: int | None) -> Ticket:
+    async def admit(self, auth: Principal, prompt_tokens: int, max_tokens: int | None, model: str = "",
+                    weight: float = 1.0) -> Ticket:
         """Reserve and return a ticket, or raise QuotaExceeded / TenancyUnavailable.
+
+        model: the served model id (after `model_access.resolve_model`); its per-tenant limits are
+        checked and charged in the same script call as the tenant's and the key's ('' for none); `weight`:
+        its cost weight, its tokens counting ceil(tokens x weight) against the tenant's and key's token limits.
 
         max_tokens: the most output tokens the request may produce in total
         (n x max_tokens for n samples); None reserves the default cap.
@@ -191,13 +202,13 @@ class Admission:
         tier = TIERS.get(auth.tier, TIERS[DEFAULT_TIER])
         rid = uuid.uuid4().hex
         args: list[str | int] = [self.prefix, auth.tenant, auth.key_id, rid, prompt_tokens, output,
-                                 *self._times, *tier.limits.as_args()]
+                                 *self._times, *tier.limits.as_args(), model, _weight_arg(weight)]
         with unavailable_on_failure():
             reply = await self._admit(args)
-        return self._ticket(reply, rid, auth, prompt_tokens, output)
+        return self._ticket(reply, rid, auth, prompt_tokens, output, model)
 
-    async def admit_key(self, plaintext: str, prompt_tokens: int,
-                        max_tokens: int | None) -> tuple[AuthContext, Ticket] | None:
+    async def admit_key(self, plaintext: str, prompt_tokens: int, max_tokens: int | None,
+                        model: str = "", weight: float = 1.0) -> tuple[AuthContext, Ticket] | None:
         """Authenticate a bearer key and admit its request in one Redis round trip (the gateway's hot path).
 
         None when the key must get 401 (malformed, unknown, revoked, past its
@@ -209,14 +220,15 @@ class Admission:
         if not keys.looks_like_key(plaintext):
             return None
         rid = uuid.uuid4().hex
-        args = [self.prefix, keys.hash_key(plaintext), rid, prompt_tokens, output, *self._times, *_TIER_ARGS]
+        args = [self.prefix, keys.hash_key(plaintext), rid, prompt_tokens, output, *self._times, model,
+                _weight_arg(weight), *_TIER_ARGS]
         with unavailable_on_failure():
             reply = await self._auth_admit(args)
         if int(reply[0]) == -1:
             return None
-        key_id, tenant, tenant_id, tier, salt = (text(x) for x in reply[-5:])
-        auth = auth_context(key_id, tenant_id, tenant, tier, salt)
-        return auth, self._ticket(reply, rid, auth, prompt_tokens, output)
+        key_id, tenant, tenant_id, tier, salt, models, aliases = (text(x) for x in reply[-7:])
+        auth = auth_context(key_id, tenant_id, tenant, tier, salt, models, aliases)
+        return auth, self._ticket(reply, rid, auth, prompt_tokens, output, model)
 
     def _output(self, prompt_tokens: int, max_tokens: int | None) -> int:
         output = self.config.default_max_tokens if max_tokens is None else max_tokens
@@ -224,20 +236,22 @@ class Admission:
             raise InvalidArgument(f"token counts must be >= 0 (prompt {prompt_tokens}, output {output})")
         return output
 
-    def _ticket(self, reply: list[Any], rid: str, auth: Principal, prompt_tokens: int, output: int) -> Ticket:
+    def _ticket(self, reply: list[Any], rid: str, auth: Principal, prompt_tokens: int, output: int,
+                model: str = "") -> Ticket:
         """The admission script's reply as a ticket (its lease kept alive), or the QuotaExceeded it means."""
         if int(reply[0]) == 0:
             raise rejection(list(reply[1:8]), ratelimit_headers([int(x) for x in reply[8:14]]))
-        ticket = Ticket(self, rid, auth, prompt_tokens, output, ratelimit_headers([int(x) for x in reply[1:7]]))
+        ticket = Ticket(self, rid, auth, prompt_tokens, output, ratelimit_headers([int(x) for x in reply[1:7]]),
+                        model)
         if int(reply[7]):
             ticket._heartbeat_task = self._spawn(ticket._keep_alive())
         return ticket
 
-    async def heartbeat(self, reservation_id: str, tenant: str = "", key_id: str = "") -> bool:
+    async def heartbeat(self, reservation_id: str, tenant: str = "", key_id: str = "", model: str = "") -> bool:
         """Extend the reservation's leases by lease_s; False if it holds none (settled, or unlimited).
         If Redis lost the reservation (a restart) while the request runs, its leases under `tenant`
         and `key_id` are re-established, so the concurrency limit holds again once Redis is back."""
-        args = [self.prefix, reservation_id, int(self.config.lease_s * 1000), tenant, key_id]
+        args = [self.prefix, reservation_id, int(self.config.lease_s * 1000), tenant, key_id, model]
         with unavailable_on_failure():
             status = int(await self._heartbeat(args))
         if status == 2:
@@ -275,7 +289,7 @@ class Ticket:
     """One admitted request: its rate-limit headers, its lease heartbeat and its settlement."""
 
     def __init__(self, admission: Admission, reservation_id: str, auth: Principal, prompt_tokens: int,
-                 output_tokens: int, headers: dict[str, str]) -> None:
+                 output_tokens: int, headers: dict[str, str], model: str = "") -> None:
         self.admission = admission
         self.reservation_id = reservation_id
         self.auth = auth
@@ -283,6 +297,8 @@ class Ticket:
         self.reserved_output_tokens = output_tokens
         self.headers = headers
         """x-ratelimit-* values for the response (empty kinds are unlimited)."""
+        self.model = model
+        """The served model id whose per-tenant limits this reservation holds ('' for none)."""
         self._heartbeat_task: asyncio.Task[None] | None = None
 
     async def _keep_alive(self) -> None:
@@ -290,7 +306,8 @@ class Ticket:
         while True:
             await asyncio.sleep(cfg.heartbeat_s)
             try:
-                if not await self.admission.heartbeat(self.reservation_id, self.auth.tenant, self.auth.key_id):
+                if not await self.admission.heartbeat(self.reservation_id, self.auth.tenant, self.auth.key_id,
+                                                      self.model):
                     log.warning("reservation %s of tenant %s lost its lease", self.reservation_id, self.auth.tenant)
                     return
             except TenancyUnavailable:

@@ -17,7 +17,10 @@ log under the store's `actor`.
 Redis layout (P = prefix):
 
     P:tenants                 set of tenant names
-    P:tenant:{name}           hash  id, name, tier, status, created_at, cache_salt
+    P:tenant:{name}           hash  id, name, tier, status, created_at, cache_salt, models
+                              (models: "*" or ids joined by ","; "" is none; absent, as in
+                              tenants written before it, is "*": model_access.py reads it),
+                              aliases (JSON {"name": "model id"}: the tenant's own model aliases)
     P:tenant:{name}:keys      set of key ids
     P:key:{key_id}            hash  id, tenant, tenant_id, label, hash, hint, created_at, status, expires_at, rotated_to
     P:keyhash:{sha256}        string key_id (the only path from a key to its record; PEXPIRE'd on rotation)
@@ -30,6 +33,7 @@ in `admission.py`.
 from __future__ import annotations
 
 import getpass
+import json
 import re
 import secrets
 import time
@@ -41,6 +45,7 @@ import redis.asyncio as aioredis
 from gateway.tenancy import keys
 from gateway.tenancy.audit import AuditLog
 from gateway.tenancy.errors import InvalidArgument, KeyNotFound, TenantExists, TenantNotFound
+from gateway.tenancy.model_access import EVERY_MODEL, ModelAccess
 from gateway.tenancy.redis_conn import ping, text, text_dict, unavailable_on_failure
 from gateway.tenancy.tiers import DEFAULT_TIER, TIERS, get_tier
 
@@ -64,15 +69,17 @@ return 1
 
 # Keys derived inside the script: standalone Redis only (one lookup chain, one round trip).
 # Returns only what authentication needs, as one flat array (small replies parse fast):
-# {key id, key status, key tenant_id, tenant id, tenant name, tier, tenant status, cache_salt}.
+# {key id, key status, key tenant_id, tenant id, tenant name, tier, tenant status, cache_salt, models}
+# (models false when the field is absent: a tenant written before model lists, read as "*"), aliases.
 _AUTHENTICATE = """
 local kid = redis.call('GET', KEYS[1])
 if not kid then return false end
 local k = redis.call('HMGET', ARGV[1] .. ':key:' .. kid, 'status', 'tenant_id', 'tenant')
 if not k[3] then return false end
-local t = redis.call('HMGET', ARGV[1] .. ':tenant:' .. k[3], 'id', 'name', 'tier', 'status', 'cache_salt')
+local t = redis.call('HMGET', ARGV[1] .. ':tenant:' .. k[3], 'id', 'name', 'tier', 'status', 'cache_salt', 'models',
+                     'aliases')
 if not t[1] then return false end
-return {kid, k[1], k[2], t[1], t[2], t[3], t[4], t[5] or ''}
+return {kid, k[1], k[2], t[1], t[2], t[3], t[4], t[5] or '', t[6] or '*', t[7] or ''}
 """
 
 _DELETE_TENANT = """
@@ -84,7 +91,10 @@ for _, kid in ipairs(redis.call('SMEMBERS', tk .. ':keys')) do
   if h then redis.call('DEL', P .. ':keyhash:' .. h) end
   redis.call('DEL', P .. ':key:' .. kid, P .. ':quota:key:' .. kid)
 end
-redis.call('DEL', tk, tk .. ':keys', P .. ':quota:tenant:' .. name)
+for _, model in ipairs(redis.call('SMEMBERS', P .. ':quota:models:' .. name)) do
+  redis.call('DEL', P .. ':quota:model:' .. name .. ':' .. model)
+end
+redis.call('DEL', tk, tk .. ':keys', P .. ':quota:tenant:' .. name, P .. ':quota:models:' .. name)
 redis.call('SREM', P .. ':tenants', name)
 return 1
 """
@@ -104,6 +114,10 @@ class AuthContext:
     """Fair-share weight of the tenant's tier."""
     cache_salt: str
     """Per-tenant salt for prefix-cache hashes: tenants never share cached blocks."""
+    models: ModelAccess = EVERY_MODEL
+    """The models (and adapters) the tenant may use; `model_access.resolve_model` decides with it."""
+    aliases: tuple[tuple[str, str], ...] = ()
+    """The tenant's own model aliases (name, model id), applied before the operator's global ones."""
 
 
 @dataclass(frozen=True)
@@ -114,9 +128,25 @@ class Tenant:
     status: str
     created_at: float
     cache_salt: str
+    models: str = "*"
+    """The stored model list ("*" for all, "" for none): `ModelAccess.parse(models)`."""
+    aliases: str = ""
+    """The stored aliases: JSON {"name": "model id"} ("" for none): `parse_aliases(aliases)`."""
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "models": ModelAccess.parse(self.models).shown(),
+                "aliases": dict(parse_aliases(self.aliases))}
+
+
+def parse_aliases(raw: str | None) -> tuple[tuple[str, str], ...]:
+    """The stored JSON object as sorted (name, model id) pairs; anything else (hand-edited) is no alias."""
+    try:
+        data = json.loads(raw or "{}")
+    except ValueError:
+        return ()
+    if not isinstance(data, dict):
+        return ()
+    return tuple(sorted((str(k), str(v)) for k, v in data.items() if k and v))
 
 
 @dataclass(frozen=True)
@@ -142,19 +172,22 @@ class KeyInfo:
         return {**asdict(self), "usable": self.usable()}
 
 
-def auth_context(key_id: str, tenant_id: str, tenant: str, tier_name: str, cache_salt: str) -> AuthContext:
+def auth_context(key_id: str, tenant_id: str, tenant: str, tier_name: str, cache_salt: str,
+                 models: str | None = None, aliases: str | None = None) -> AuthContext:
     """The context of an authenticated key (an unknown tier name gets the default tier)."""
     tier = TIERS.get(tier_name, TIERS[DEFAULT_TIER])
     # A record without a salt (written before salts existed, or edited by hand) must not share the
     # unsalted prefix cache with every other such tenant: its unique id salts it instead.
     salt = cache_salt or f"tenant-id:{tenant_id}"
     return AuthContext(tenant_id=tenant_id, tenant=tenant, key_id=key_id, tier=tier.name,
-                       priority=tier.priority, weight=tier.weight, cache_salt=salt)
+                       priority=tier.priority, weight=tier.weight, cache_salt=salt,
+                       models=ModelAccess.parse(models), aliases=parse_aliases(aliases))
 
 
 def _tenant(raw: dict[str, str]) -> Tenant:
     return Tenant(id=raw["id"], name=raw["name"], tier=raw["tier"], status=raw["status"],
-                  created_at=float(raw["created_at"]), cache_salt=raw.get("cache_salt", ""))
+                  created_at=float(raw["created_at"]), cache_salt=raw.get("cache_salt", ""),
+                  models=ModelAccess.parse(raw.get("models")).encode(), aliases=raw.get("aliases", ""))
 
 
 def _key(raw: dict[str, str]) -> KeyInfo:
@@ -205,30 +238,48 @@ class TenantStore:
                                              args=[self.prefix])
         if not found:
             return None
-        key_id, key_status, key_tenant_id, tenant_id, name, tier_name, status, salt = (text(x) for x in found)
+        key_id, key_status, key_tenant_id, tenant_id, name, tier_name, status, salt, models, aliases = (
+            text(x) for x in found)
         if key_status != ACTIVE or status != ACTIVE:
             return None
         if tenant_id != key_tenant_id:
             return None  # the tenant was deleted and a new one took the name
-        return auth_context(key_id, tenant_id, name, tier_name, salt)
+        return auth_context(key_id, tenant_id, name, tier_name, salt, models, aliases)
 
     # -- tenants -----------------------------------------------------------------
 
-    async def create_tenant(self, name: str, tier: str = DEFAULT_TIER) -> Tenant:
-        """Raises TenantExists, or InvalidArgument for a bad name or tier."""
+    async def create_tenant(self, name: str, tier: str = DEFAULT_TIER, models: ModelAccess = EVERY_MODEL) -> Tenant:
+        """Raises TenantExists, or InvalidArgument for a bad name or tier. Every model unless `models` says."""
         if not NAME_RE.match(name):
             raise InvalidArgument(f"tenant name {name!r}: use 1-64 letters, digits, '_', '.' or '-'")
         get_tier(tier)
         tenant = Tenant(id="t_" + secrets.token_hex(8), name=name, tier=tier, status=ACTIVE,
-                        created_at=time.time(), cache_salt=secrets.token_hex(16))
-        flat = [x for k, v in tenant.to_dict().items() for x in (k, str(v))]
+                        created_at=time.time(), cache_salt=secrets.token_hex(16), models=models.encode())
+        flat = [x for k, v in asdict(tenant).items() for x in (k, str(v))]
         with unavailable_on_failure():
             created = await self._create_tenant(keys=[self._k("tenant", name), self._k("tenants")],
                                                 args=[name, *flat])
         if not created:
             raise TenantExists(name)
-        await self.audit.record(self.actor, "tenant.create", name, tier=tier, tenant_id=tenant.id)
+        await self.audit.record(self.actor, "tenant.create", name, tier=tier, tenant_id=tenant.id,
+                                models=models.encode())
         return tenant
+
+    async def set_models(self, name: str, models: ModelAccess) -> Tenant:
+        """Replace the tenant's model list; every gateway applies it from the tenant's next request."""
+        await self.get_tenant(name)
+        with unavailable_on_failure():
+            await self.redis.hset(self._k("tenant", name), "models", models.encode())
+        await self.audit.record(self.actor, "tenant.models", name, models=models.encode())
+        return await self.get_tenant(name)
+
+    async def set_aliases(self, name: str, aliases: dict[str, str]) -> Tenant:
+        """Replace the tenant's own model aliases (name -> model id; {} removes them)."""
+        await self.get_tenant(name)
+        with unavailable_on_failure():
+            await self.redis.hset(self._k("tenant", name), "aliases", json.dumps(aliases, sort_keys=True))
+        await self.audit.record(self.actor, "tenant.aliases", name, aliases=json.dumps(aliases, sort_keys=True))
+        return await self.get_tenant(name)
 
     async def get_tenant(self, name: str) -> Tenant:
         with unavailable_on_failure():

@@ -102,11 +102,11 @@ class TimedAdmission(Admission):
         if len(self.steps[step]) < self.record:
             self.steps[step].append((time.perf_counter() - start) * 1000)
 
-    async def admit_key(self, plaintext: str, prompt_tokens: int,
-                        max_tokens: int | None) -> tuple[AuthContext, Ticket] | None:
+    async def admit_key(self, plaintext: str, prompt_tokens: int, max_tokens: int | None,
+                        model: str = "", weight: float = 1.0) -> tuple[AuthContext, Ticket] | None:
         start = time.perf_counter()
         try:
-            return await super().admit_key(plaintext, prompt_tokens, max_tokens)
+            return await super().admit_key(plaintext, prompt_tokens, max_tokens, model, weight)
         finally:
             self._note("authenticate+admit", start)
 

@@ -15,6 +15,7 @@ from starlette.requests import Request
 import gateway.body
 from gateway.prompts import Prompts
 from gateway.recent_keys import RecentKeys
+from gateway.tenancy.store import AuthContext
 from tests.gateway.test_app import CHAT
 
 
@@ -91,12 +92,13 @@ def test_a_bad_key_is_told_401_before_a_malformed_body_is_noticed(make_gateway: 
 def test_recent_keys_expire_and_stay_bounded() -> None:
     now = [0.0]
     recent = RecentKeys(ttl_s=5.0, capacity=2, clock=lambda: now[0])
-    recent.add("k1")
-    assert recent.seen("k1") and not recent.seen("k2")
+    auth = AuthContext("t_1", "acme", "key_1", "standard", 1, 1.0, "salt")
+    recent.add("k1", auth)
+    assert recent.get("k1") == auth and not recent.seen("k2")
     now[0] = 5.0
     assert not recent.seen("k1")
     for k in ("ps-key-a", "ps-key-b", "ps-key-c"):
-        recent.add(k)
+        recent.add(k, auth)
     assert not recent.seen("ps-key-a") and recent.seen("ps-key-b") and recent.seen("ps-key-c")
     assert "ps-key" not in repr(recent._expiry)  # hashes only, never the key itself
 

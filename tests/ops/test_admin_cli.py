@@ -196,3 +196,45 @@ def test_every_admin_command_end_to_end(cli: AdminCLI):
     for secret in (key, *later_keys):  # keys appear only in the one output that created them
         showing = [t for t in cli.transcript if secret in t]
         assert len(showing) == 1, f"a key was printed {len(showing)} times"
+
+
+def test_model_lists_model_limits_and_usage_by_model(cli: AdminCLI):
+    """tenant create --models / tenant models / quota --model / usage --by-model (issue 42)."""
+    assert cli.json("tenant", "create", "everyone")["models"] == ["*"]  # the default: every model
+    assert cli.json("tenant", "create", "nobody", "--models", "")["models"] == []
+    assert cli.json("tenant", "create", "acme", "--models", "smollm2")["models"] == ["smollm2"]
+    assert cli.json("tenant", "models", "acme", "--allow", "tiny", "--allow", "smollm2")["models"] == [
+        "smollm2", "tiny"]
+    assert "may use smollm2, tiny" in cli("tenant", "models", "acme").stdout
+    assert cli.json("tenant", "models", "acme", "--none")["models"] == []
+    assert cli.json("tenant", "models", "acme", "--all")["models"] == ["*"]
+    assert cli("tenant", "models", "acme", "--all", "--none", ok=False).returncode == 1
+    shown = cli.json("quota", "set", "acme", "--model", "tiny", "--rpm", "7")
+    assert shown["scope"] == "tenant acme on model tiny" and shown["limits"]["rpm"] == 7
+    assert shown["limits"]["concurrency"] is None  # a model scope has no tier defaults
+    assert cli("quota", "set", "acme", "--model", "tiny", "--key", "key_x", "--rpm", "1", ok=False).returncode == 1
+
+    async def serve(model: str, prompt: int, completion: int) -> None:
+        client = connect(cli.redis_url)
+        try:
+            store = TenantStore(client, cli.prefix)
+            key, _ = await store.create_key("acme")
+            auth = await store.authenticate(key)
+            assert auth is not None
+            admission = Admission(client, cli.prefix)
+            await (await admission.admit(auth, prompt, 64, model=model)).settle(prompt, completion)
+            await admission.aclose()
+        finally:
+            await client.aclose()
+
+    asyncio.run(serve("tiny", 5, 3))
+    asyncio.run(serve("smollm2", 2, 1))
+    rows = cli.json("usage", "show", "acme", "--by-model")["rows"]
+    assert [(r["model"], r["requests"], r["prompt_tokens"], r["completion_tokens"]) for r in rows] == [
+        ("smollm2", 1, 2, 1), ("tiny", 1, 5, 3)]
+    assert cli("usage", "show", "--by-model", ok=False).returncode == 1
+    assert cli.json("tenant", "aliases", "acme", "--set", "fast=tiny", "--set", "x=smollm2")["aliases"] == {
+        "fast": "tiny", "x": "smollm2"}
+    assert cli.json("tenant", "aliases", "acme", "--unset", "x")["aliases"] == {"fast": "tiny"}
+    assert "fast -> tiny" in cli("tenant", "aliases", "acme").stdout
+    assert cli("tenant", "aliases", "acme", "--set", "broken", ok=False).returncode == 1

@@ -32,6 +32,8 @@ def test_every_gateway_config_field_is_reachable_from_the_environment() -> None:
         "PAGESERVE_LOG_FORMAT": "json", "PAGESERVE_GATEWAY_WORKERS": "4",
         "PAGESERVE_BODY_TIMEOUT": "12", "PAGESERVE_DISCOVER_ENGINES": "1",
         "PAGESERVE_REDIS_DOWN_FAIL_OPEN": "acme", "PAGESERVE_ENGINE_CURVE_DIR": "/etc/pageserve/curve",
+        "PAGESERVE_MODEL_ALIAS": "chat=/m", "PAGESERVE_MODEL_FALLBACK": "/m=other",
+        "PAGESERVE_MODEL_COOLDOWN": "3",
     }
     config = parse_args([], env)
     default = GatewayConfig()

@@ -148,6 +148,61 @@ def test_two_gateways_admit_exactly_the_requests_per_minute(cluster: Cluster):
     assert statuses.count(200) + statuses.count(429) == 200
 
 
+def test_two_gateways_admit_exactly_a_tenant_rpm_on_one_model_and_count_its_usage(cluster: Cluster):
+    """Issue 42: the per-model limit is one more scope in the same Lua call, so exact across gateways too;
+    usage per model equals what the clients received."""
+    key = asyncio.run(_tenant(cluster, "rpm-model"))
+
+    async def limit_model() -> None:
+        client = connect(cluster.redis_url)
+        try:
+            await QuotaStore(TenantStore(client, cluster.prefix, actor="test")).set(
+                "rpm-model", None, {"rpm": 50}, model="smollm2")
+        finally:
+            await client.aclose()
+
+    asyncio.run(limit_model())
+    statuses, elapsed, received = asyncio.run(_burst_usage(cluster, key, 100))
+    refill = int(elapsed * 50 / 60)
+    assert 50 <= statuses.count(200) <= 50 + refill, (statuses.count(200), elapsed)
+    assert statuses.count(200) + statuses.count(429) == 200
+
+    async def model_usage() -> dict[str, str]:
+        client = connect(cluster.redis_url)
+        try:
+            day = time.strftime("%Y%m%d", time.gmtime())
+            for _ in range(50):  # settlement runs after each response's last byte
+                usage = await client.hgetall(f"{cluster.prefix}:usage:model:rpm-model:smollm2:{day}")
+                if int(usage.get("requests", 0)) == statuses.count(200):
+                    return usage
+                await asyncio.sleep(0.1)
+            return usage
+        finally:
+            await client.aclose()
+
+    usage = asyncio.run(model_usage())
+    assert int(usage["requests"]) == statuses.count(200)
+    assert (int(usage["prompt_tokens"]), int(usage["completion_tokens"])) == received
+
+
+async def _burst_usage(cluster: Cluster, key: str, per_gateway: int) -> tuple[list[int], float, tuple[int, int]]:
+    """As `_burst`, also adding up the usage the admitted clients were told (prompt, completion)."""
+    limits = httpx.Limits(max_connections=per_gateway)
+    async with httpx.AsyncClient(timeout=60, limits=limits) as a, httpx.AsyncClient(timeout=60, limits=limits) as b:
+        calls = [c.post(f"{url}/v1/chat/completions", json=BODY, headers={"Authorization": f"Bearer {key}"})
+                 for c, url in ((a, cluster.urls[0]), (b, cluster.urls[1])) for _ in range(per_gateway)]
+        start = time.monotonic()
+        responses = await asyncio.gather(*calls)
+        elapsed = time.monotonic() - start
+    odd = [f"{r.status_code} {r.text[:300]}" for r in responses if r.status_code not in (200, 429)]
+    assert not odd, odd[:3]
+    refused = [r for r in responses if r.status_code == 429]
+    assert all("on model smollm2" in r.json()["error"]["message"] for r in refused)
+    usages = [r.json()["usage"] for r in responses if r.status_code == 200]
+    received = (sum(u["prompt_tokens"] for u in usages), sum(u["completion_tokens"] for u in usages))
+    return [r.status_code for r in responses], elapsed, received
+
+
 def test_a_killed_gateway_holds_its_concurrency_slot_no_longer_than_the_lease(cluster: Cluster):
     key = asyncio.run(_tenant(cluster, "lease", concurrency=1))
     doomed, doomed_url = cluster.spawn_gateway("doomed")
