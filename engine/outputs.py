@@ -76,6 +76,9 @@ class RunnerOutput:
     """request_id -> the token sampled this step, for chunks with sample=True."""
     logprobs: dict[str, TokenLogprob] = field(default_factory=dict)
     """request_id -> the sampled token's logprobs, for requests that asked for them."""
+    beam_candidates: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    """request_id -> the 2 x width most likely next tokens with their raw logprobs, best first,
+    for beam-search rows only (engine/scheduling/beam_group.py expands the beams from them)."""
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,8 @@ class RequestDelta:
     queue_seconds: float | None = None
     """Seconds from the engine's arrival to the first scheduling (vllm:request_queue_time_seconds);
     None until the request was first scheduled."""
+    num_unreturned_tokens: int = 0
+    """best_of > n: tokens the candidates that were not returned generated (usage counts them)."""
 
     @property
     def finished(self) -> bool:

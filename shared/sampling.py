@@ -65,6 +65,17 @@ class SamplingParams:
     logprobs: int | None = None
     """None: no log probabilities. k >= 0: the sampled token's and the k most likely tokens'
     (at most MAX_LOGPROBS), of the raw model output (vLLM V1's default `raw_logprobs`)."""
+    best_of: int | None = None
+    """Candidates generated (None: n); the n with the highest cumulative log probability are
+    returned. With beam search: the beam width."""
+    use_beam_search: bool = False
+    """vLLM's: keep the `best_of or n` most likely continuations every step (greedy only);
+    engine/scheduling/beam_group.py."""
+    length_penalty: float = 1.0
+    """Beam search: a finished beam scores sum(logprobs) / len**length_penalty (len: generated tokens)."""
+    early_stopping: bool | str = False
+    """Beam search (transformers' rule): True stops once `width` beams finished; False stops when a
+    heuristic says no running beam can do better; "never" when none can at any length."""
 
     def __post_init__(self) -> None:
         self._check_ranges()
@@ -86,6 +97,7 @@ class SamplingParams:
         if self.seed is not None and not isinstance(self.seed, int):
             raise SamplingError("seed", "seed must be an integer")
         self._check_penalties()
+        self._check_candidates()
         if self.logprobs is not None and not (isinstance(self.logprobs, int) and 0 <= self.logprobs <= MAX_LOGPROBS):
             raise SamplingError("logprobs", f"logprobs must be an integer between 0 and {MAX_LOGPROBS}")
 
@@ -104,6 +116,39 @@ class SamplingParams:
                 raise SamplingError("logit_bias", f"logit_bias keys must be token ids (non-negative), got {token_id}")
             if not -100.0 <= bias <= 100.0:
                 raise SamplingError("logit_bias", f"logit_bias values must be between -100 and 100, got {bias}")
+
+    def _check_candidates(self) -> None:
+        """best_of and beam search, with vLLM's (V0) rules for what combines with them."""
+        if self.best_of is not None and not (isinstance(self.best_of, int) and self.n <= self.best_of <= 16):
+            raise SamplingError("best_of", "best_of must be an integer between n and 16")
+        if self.early_stopping not in (True, False, "never"):
+            raise SamplingError("early_stopping", 'early_stopping must be true, false or "never"')
+        if not -10.0 <= self.length_penalty <= 10.0:
+            raise SamplingError("length_penalty", "length_penalty must be between -10 and 10")
+        if not self.use_beam_search:
+            if self.length_penalty != 1.0:
+                raise SamplingError("length_penalty", "length_penalty is used only with use_beam_search")
+            if self.early_stopping is not False:
+                raise SamplingError("early_stopping", "early_stopping is used only with use_beam_search")
+            return
+        if not self.greedy:
+            raise SamplingError("temperature", "beam search needs temperature 0")
+        for name, off in (("top_p", 1.0), ("top_k", 0), ("min_p", 0.0), ("logprobs", None),
+                          ("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("repetition_penalty", 1.0)):
+            if getattr(self, name) != off:
+                raise SamplingError(name, f"{name} is not supported with beam search")
+        if self.logit_bias:
+            raise SamplingError("logit_bias", "logit_bias is not supported with beam search")
+
+    @property
+    def num_candidates(self) -> int:
+        """Sequences generated for the request: best_of (or n); with beam search, the beam width."""
+        return self.best_of or self.n
+
+    @property
+    def beam_width(self) -> int:
+        """0 unless beam search: then the beams kept each step."""
+        return self.num_candidates if self.use_beam_search else 0
 
     def check_vocabulary(self, vocab_size: int) -> None:
         """Token ids this request names must exist in the model's vocabulary."""
@@ -166,7 +211,8 @@ class SamplingParams:
 
 _DEFAULTS: dict[str, Any] = {
     "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0, "min_p": 0.0,
-    "logit_bias": [], "logprobs": None,
+    "logit_bias": [], "logprobs": None, "best_of": None, "use_beam_search": False, "length_penalty": 1.0,
+    "early_stopping": False,
 }
 """The wire form of the fields `to_dict` leaves out at these values."""
 _OPTIONAL_ON_WIRE = tuple(_DEFAULTS)
