@@ -55,6 +55,27 @@ class BeamSteps:
         return [victim] + [r for r in found[0].group.live if r is not victim
                            and r.status is RequestStatus.RUNNING and r.request_id not in in_step]
 
+    def _siblings(self, req: Request) -> list[Request]:
+        found = self._beam_of(req)
+        return [] if found is None else [r for r in found[0].group.live if r is not req]
+
+    def sibling_blocks(self, req: Request, queue: list[Request]) -> int:
+        """Blocks the beam's siblings still to be scheduled this step need: reserved when the first
+        of a group allocates, so the group runs whole or leaves whole (never half parked)."""
+        bm = self._s.bm
+        return sum(bm.num_new_blocks(r, r.num_tokens - r.num_computed_tokens) for r in self._siblings(req)
+                   if r in queue and not self.parked(r))
+
+    def resume_reserve(self, req: Request, watermark: int) -> int:
+        """Extra free blocks a swapped beam asks for before it comes back: its swapped siblings'
+        (so that the group resumes whole) and the watermark, unless a sibling already runs."""
+        siblings = self._siblings(req)
+        if any(r.status is RequestStatus.RUNNING for r in siblings):
+            return 0
+        bm = self._s.bm
+        return watermark + sum(bm.blocks_for(r.num_computed_tokens + 1) for r in siblings
+                               if r.status is RequestStatus.SWAPPED)
+
     def report(self, state: SampleState, candidates: list[tuple[int, float]] | None) -> list[RequestDelta]:
         """A beam's candidates arrived; the last of its group's expands the search."""
         group, beam = state.group, state.group.beam

@@ -186,7 +186,7 @@ class Scheduler:
             num_new = self._num_new_tokens(req, 0, step)
             if num_new == 0:
                 continue  # a prompt chunk over the serving prefill budget: next step
-            copies = self.bm.allocate(req, num_new)
+            copies = self.bm.allocate(req, num_new, reserve=self.beams.sibling_blocks(req, queue))
             while copies is None:
                 victim = pick_victim(queue, self._level_of, self._seq_of) or req
                 gone = self._preempt(victim, step, urgent=False)
@@ -194,7 +194,7 @@ class Scheduler:
                 preempted = True
                 if req in gone:
                     break
-                copies = self.bm.allocate(req, num_new)
+                copies = self.bm.allocate(req, num_new, reserve=self.beams.sibling_blocks(req, queue))
             if copies is not None:
                 self._emit(req, num_new, copies, step)
         return preempted
@@ -226,7 +226,9 @@ class Scheduler:
         if num_new == 0 and not parked:
             return False
         after = self.bm.blocks_for(req.num_computed_tokens + num_new) - self.bm.num_swapped_blocks(req)
-        pairs = self.bm.swap_in(req, reserve=after + self._watermark(self.config.swap_in_watermark))
+        watermark = self._watermark(self.config.swap_in_watermark)
+        reserve = watermark if self._live[req.request_id].group.beam is None else self.beams.resume_reserve(req, watermark)
+        pairs = self.bm.swap_in(req, reserve=after + reserve)
         if pairs is None:
             return False
         copies = self.bm.allocate(req, num_new)
