@@ -56,8 +56,12 @@ class BeamSteps:
                            and r.status is RequestStatus.RUNNING and r.request_id not in in_step]
 
     def _siblings(self, req: Request) -> list[Request]:
+        """The beam's live siblings that exist on their own (pending beams only fork, later)."""
         found = self._beam_of(req)
-        return [] if found is None else [r for r in found[0].group.live if r is not req]
+        if found is None:
+            return []
+        group = found[0].group
+        return [r for r in group.live if r is not req and r not in group.pending]
 
     def sibling_blocks(self, req: Request, queue: list[Request]) -> int:
         """Blocks the beam's siblings still to be scheduled this step need: reserved when the first
@@ -66,15 +70,16 @@ class BeamSteps:
         return sum(bm.num_new_blocks(r, r.num_tokens - r.num_computed_tokens) for r in self._siblings(req)
                    if r in queue and not self.parked(r))
 
-    def resume_reserve(self, req: Request, watermark: int) -> int:
-        """Extra free blocks a swapped beam asks for before it comes back: its swapped siblings'
-        (so that the group resumes whole) and the watermark, unless a sibling already runs."""
+    def queued_reserve(self, req: Request, watermark: int) -> int:
+        """Free blocks a queued beam (swapped, or waiting after a recompute) asks for beyond its own
+        before it comes back: its queued siblings' too, so the group comes back whole, and the
+        watermark; nothing once a sibling runs (the rest of a group that fits must not wait)."""
         siblings = self._siblings(req)
         if any(r.status is RequestStatus.RUNNING for r in siblings):
             return 0
         bm = self._s.bm
-        return watermark + sum(bm.blocks_for(r.num_computed_tokens + 1) for r in siblings
-                               if r.status is RequestStatus.SWAPPED)
+        return watermark + sum(bm.blocks_for(r.num_computed_tokens + 1) if r.status is RequestStatus.SWAPPED
+                               else bm.blocks_for(r.num_tokens) for r in siblings)
 
     def report(self, state: SampleState, candidates: list[tuple[int, float]] | None) -> list[RequestDelta]:
         """A beam's candidates arrived; the last of its group's expands the search."""

@@ -227,7 +227,7 @@ class Scheduler:
             return False
         after = self.bm.blocks_for(req.num_computed_tokens + num_new) - self.bm.num_swapped_blocks(req)
         watermark = self._watermark(self.config.swap_in_watermark)
-        reserve = watermark if self._live[req.request_id].group.beam is None else self.beams.resume_reserve(req, watermark)
+        reserve = self.beams.queued_reserve(req, watermark) if self._is_beam(req) else watermark
         pairs = self.bm.swap_in(req, reserve=after + reserve)
         if pairs is None:
             return False
@@ -248,7 +248,9 @@ class Scheduler:
         num_new = self._num_new_tokens(req, hit.num_tokens, step)
         if num_new == 0:
             return False
-        copies = self.bm.allocate(req, num_new, hit, reserve=self._watermark(self.config.admission_watermark))
+        watermark = self._watermark(self.config.admission_watermark)
+        reserve = self.beams.queued_reserve(req, watermark) if self._is_beam(req) else watermark
+        copies = self.bm.allocate(req, num_new, hit, reserve=reserve)
         if copies is None:
             return False
         state, now = self._live[req.request_id], self._clock()
@@ -353,6 +355,9 @@ class Scheduler:
     def _watermark(self, fraction: float) -> int:
         # A lone request must always fit, or it would wait forever for memory nobody holds.
         return int(fraction * self.bm.device.num_blocks) if self.running else 0
+
+    def _is_beam(self, req: Request) -> bool:
+        return self._live[req.request_id].group.beam is not None
 
     def _seq_of(self, req: Request) -> int:
         return self._live[req.request_id].seq
