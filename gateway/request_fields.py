@@ -33,10 +33,7 @@ REFUSED_UNLESS_NEUTRAL: dict[str, tuple[Any, ...]] = {
     "web_search_options": (),
     "suffix": ("",),
     "echo": (False,),
-    "best_of": (1,),
     # vLLM's extensions that change the tokens, the prompt or the response body.
-    "use_beam_search": (False,),
-    "length_penalty": (1, 1.0),
     "watermarking": (False,),
     "include_stop_str_in_output": (False,),
     "skip_special_tokens": (True,),

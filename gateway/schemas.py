@@ -83,6 +83,10 @@ class _Body(BaseModel):
     min_p: float | None = None
     logit_bias: dict[str, float] | None = None
     """Token id (as a string, as JSON keys are) -> bias in [-100, 100]."""
+    best_of: Annotated[int, Field(ge=1, le=INT32_MAX), WHOLE] | None = None
+    use_beam_search: bool | None = None
+    length_penalty: float | None = None
+    early_stopping: bool | Literal["never"] | None = None
     # Structured outputs (gateway/response_format.py checks their insides and names the bad field).
     response_format: dict[str, Any] | None = None
     structured_outputs: dict[str, Any] | None = None
@@ -317,9 +321,15 @@ def _settings(parsed: _Body, max_tokens: int | None, max_param: str, logprobs: i
             "repetition_penalty": parsed.repetition_penalty,
             "min_p": parsed.min_p,
             "logprobs": logprobs,
+            "best_of": parsed.best_of,
+            "use_beam_search": parsed.use_beam_search,
+            "length_penalty": parsed.length_penalty,
+            "early_stopping": parsed.early_stopping,
         }.items()
         if v is not None
     }
+    if parsed.use_beam_search and parsed.temperature is None:
+        fields["temperature"] = 0.0  # beam search is greedy; only an explicit temperature > 0 is refused
     if parsed.stop_token_ids is not None:
         fields["stop_token_ids"] = tuple(parsed.stop_token_ids)
     if parsed.logit_bias is not None:
