@@ -133,7 +133,9 @@ class SamplingParams:
             return
         if not self.greedy:
             raise SamplingError("temperature", "beam search needs temperature 0")
-        for name, off in (("top_p", 1.0), ("top_k", 0), ("min_p", 0.0), ("logprobs", None),
+        # The beams rank the raw distribution (engine/worker/logprobs.py): nothing that reshapes it,
+        # and no min_tokens (it would need stop tokens masked among the candidates).
+        for name, off in (("top_p", 1.0), ("top_k", 0), ("min_p", 0.0), ("logprobs", None), ("min_tokens", 0),
                           ("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("repetition_penalty", 1.0)):
             if getattr(self, name) != off:
                 raise SamplingError(name, f"{name} is not supported with beam search")

@@ -65,7 +65,7 @@ GOLDEN_HEX = {
         "cb4000000000000000a173c0"
     ),
     "Abort": "920492a161a162",
-    "StepOutputs": "94059197a57265712d3100922ace00011170030200909195a57265712d3100a66c656e67746893030200c009",
+    "StepOutputs": "94059198a57265712d3100922ace0001117003020090009195a57265712d3100a66c656e67746893030200c009",
     "Error": (
         "9606a57265712d31a772657175657374ae746f6b656e206964203520626164b0726571756573745f72656a6563746564"
         "a670726f6d7074"
@@ -118,6 +118,8 @@ OLDER_PEER_HEX = {
     "StepOutputs with logprobs": (
         "94059197a57265712d3100922ace00011170030200909194a57265712d3100a66c656e6774689303020009",
         SAMPLES["StepOutputs"]),
+    # its TokenDelta before num_unreturned_tokens (best_of, issue 44)
+    "StepOutputs before unreturned tokens": ("94059197a57265712d3100922ace00011170030200909195a57265712d3100a66c656e67746893030200c009", SAMPLES["StepOutputs"]),
     # its TokenDelta before logprobs
     "StepOutputs": (
         "94059196a57265712d3100922ace000111700302009194a57265712d3100a66c656e6774689303020009", SAMPLES["StepOutputs"]),
@@ -145,7 +147,11 @@ EXTENDED: dict[str, tuple[Message, str]] = {
     ),
     "StepOutputs": (
         StepOutputs([TokenDelta("req-2", 0, [42], 1, 1, 0, [TokenLogprob(-0.5, [42, 7], [-0.5, -1.25])])], [], 3),
-        "94059197a57265712d3200912a0101009193cbbfe0000000000000922a0792cbbfe0000000000000cbbff40000000000009003",
+        "94059198a57265712d3200912a0101009193cbbfe0000000000000922a0792cbbfe0000000000000cbbff4000000000000009003",
+    ),
+    "StepOutputs with unreturned tokens": (
+        StepOutputs([TokenDelta("req-4", 0, [42, 7], 1, 2, 0, [], 5)], [], 4),
+        "94059198a57265712d3400922a0701020090059004",
     ),
 }
 
