@@ -40,6 +40,8 @@ class Script:
     """Raised from the iterator after the tokens (an engine error mid-stream)."""
     queue_seconds: float | None = None
     """The engine's queue time every Finished reports (None: as an older engine, none)."""
+    unreturned: int = 0
+    """best_of: tokens of candidates not returned, carried by choice 0's first delta."""
 
 
 class FakeStream:
@@ -57,8 +59,9 @@ class FakeStream:
             await asyncio.sleep(0.001)
             for index, tokens in enumerate(script.samples):
                 if step < len(tokens):
+                    unreturned = script.unreturned if (step, index) == (0, 0) else 0
                     self._queue.put_nowait(TokenDelta(request.request_id, index, [tokens[step]], n_prompt,
-                                                      step + 1, 0, _logprobs(request, tokens[step])))
+                                                      step + 1, 0, _logprobs(request, tokens[step]), unreturned))
         if script.fail is not None:
             self._queue.put_nowait(script.fail)
             return

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from tests.gateway.fakes import Script
 from tests.gateway.test_app import CHAT
 
 
@@ -27,6 +28,14 @@ def test_best_of_reaches_the_engine_and_reserves_every_candidate(make_gateway: A
     assert r.status_code == 200, r.text
     sampling = gw.engine.submitted[0].sampling
     assert (sampling.n, sampling.best_of, sampling.use_beam_search) == (1, 3, False)
+
+
+def test_best_of_usage_counts_the_candidates_not_returned(make_gateway: Any) -> None:
+    gw = make_gateway(lambda request: Script(samples=[[7042, 314, 17915, 30]], unreturned=7))
+    r = gw.post("/v1/chat/completions", {**CHAT, "best_of": 3, "max_tokens": 4})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == 4 + 7
+    assert len(r.json()["choices"]) == 1
 
 
 @pytest.mark.parametrize(
