@@ -121,6 +121,16 @@ def split_samples(req: Request) -> SampleGroup:
                        client_logprobs=p.logprobs is not None)
 
 
+def token_deltas(state: SampleState, token: int, logprob: TokenLogprob | None) -> list[RequestDelta]:
+    """What the client hears of a sample's new token: the token itself, or (best_of) nothing
+    until the group's last sample ends, then the n best."""
+    group = state.group
+    if not group.deferred:
+        return [make_delta(state.req, [token], group, state.index, None if logprob is None else [logprob])]
+    note_deferred(group, state.index, logprob)
+    return [] if group.live else best_of_deltas(group)
+
+
 def note_deferred(group: SampleGroup, index: int, logprob: TokenLogprob | None) -> None:
     """A deferred sample's token: add its logprob to the sample's sum (and buffer it for the client)."""
     assert logprob is not None, "best_of samples always ask for their sampled tokens' logprobs"
@@ -151,8 +161,11 @@ def beam_deltas(group: SampleGroup, hypotheses: list[Hypothesis]) -> list[Reques
     ]
 
 
-def abort_deltas(group: SampleGroup) -> list[RequestDelta]:
-    """A deferred group aborted: each of the client's n choices ends, with nothing sent."""
+def abort_deltas(group: SampleGroup, aborted: list[Request]) -> list[RequestDelta]:
+    """The aborted samples' last deltas; a deferred group's: each of the client's n choices ends
+    (the samples are not the choices)."""
+    if not group.deferred:
+        return [make_delta(s, [], group, group.samples.index(s)) for s in aborted]
     leader = group.leader
     return [RequestDelta(group.client_id, [], leader.num_prompt_tokens, 0, leader.num_cached_tokens, "abort", i,
                          queue_seconds=group.queue_seconds) for i in range(group.num_returned)]

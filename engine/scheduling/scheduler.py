@@ -21,24 +21,16 @@ from collections.abc import Callable
 
 from engine.outputs import RequestDelta, RunnerOutput, SchedulerOutput
 from engine.request import Request, RequestStatus
-from engine.scheduling.beam_steps import BeamSteps
+from engine.scheduling import sample_group as groups
 from engine.scheduling.block_manager import BlockManager, BlockPairs
 from engine.scheduling.checks import Placement, check_placement
 from engine.scheduling.config import SchedulerConfig, SchedulerStats
 from engine.scheduling.counters import Counters
 from engine.scheduling.fair_queue import FairQueue, aged_level
+from engine.scheduling.group_steps import GroupSteps
 from engine.scheduling.preemption import pick_victim, plan_room, preempt_kind, victim_order
 from engine.scheduling.request_checks import RequestRejected, validate_request
-from engine.scheduling.sample_group import (
-    SampleGroup,
-    SampleState,
-    abort_deltas,
-    best_of_deltas,
-    make_delta,
-    note_deferred,
-    sample_ids,
-    split_samples,
-)
+from engine.scheduling.sample_group import SampleGroup, SampleState, sample_ids, split_samples
 from engine.scheduling.step_builder import StepBuilder, serving_prefill_budget
 from engine.scheduling.step_cost import StepCosts
 from engine.scheduling.stop_conditions import finish_status
@@ -76,7 +68,8 @@ class Scheduler:
         self._finished_ids: list[str] = []
         self._counters = Counters()
         self.step_costs = StepCosts(config.prefill_stall_factor, config.prefill_backlog_drain_s)  # EngineCore feeds it
-        self.beams = BeamSteps(self)
+        self.groups = GroupSteps(self.bm, self._live, self.running, self._forking, self._finish, self._level_of,
+                                 config.max_model_len)
 
     # -- requests in and out -------------------------------------------------------------
 
@@ -104,12 +97,10 @@ class Scheduler:
             group = self._groups.get(client_id)
             if group is None:
                 continue
-            for sample in group.live:
+            aborted = group.live
+            for sample in aborted:
                 self._finish(sample, RequestStatus.FINISHED_ABORTED)
-                if not group.deferred:
-                    deltas.append(make_delta(sample, [], group, group.samples.index(sample)))
-            if group.deferred:
-                deltas += abort_deltas(group)
+            deltas += groups.abort_deltas(group, aborted)
         return deltas
 
     def fail_step(self, out: SchedulerOutput) -> list[str]:
@@ -155,23 +146,17 @@ class Scheduler:
             if not chunk.sample:
                 continue
             if state.group.beam is not None:
-                deltas += self.beams.report(state, runner_output.beam_candidates.get(chunk.request_id))
+                deltas += self.groups.report(state, runner_output.beam_candidates.get(chunk.request_id))
                 continue
             token = runner_output.sampled_token_ids.get(chunk.request_id)
             if token is None:
                 raise RuntimeError(f"the runner sampled no token for {chunk.request_id}")
             req.output_token_ids.append(token)
-            self._fork_pending(state)
+            self.groups.fork_pending(state)
             status = finish_status(req, self.config.max_model_len)
             if status is not None:
                 self._finish(req, status)
-            logprob = runner_output.logprobs.get(chunk.request_id)
-            if not state.group.deferred:
-                deltas.append(make_delta(req, [token], state.group, state.index, None if logprob is None else [logprob]))
-                continue
-            note_deferred(state.group, state.index, logprob)
-            if not state.group.live:
-                deltas += best_of_deltas(state.group)
+            deltas += groups.token_deltas(state, token, runner_output.logprobs.get(chunk.request_id))
         return deltas
 
     def _schedule_running(self, step: StepBuilder) -> bool:
@@ -181,12 +166,12 @@ class Scheduler:
         queue = sorted(self.running, key=self._urgency)
         while queue and step.budget > 0:
             req = queue.pop(0)
-            if self.beams.parked(req):
+            if self.groups.parked(req):
                 continue  # its candidates wait for its sibling beams'
             num_new = self._num_new_tokens(req, 0, step)
             if num_new == 0:
                 continue  # a prompt chunk over the serving prefill budget: next step
-            copies = self.bm.allocate(req, num_new, reserve=self.beams.sibling_blocks(req, queue))
+            copies = self.bm.allocate(req, num_new, reserve=self.groups.sibling_blocks(req, queue))
             while copies is None:
                 victim = pick_victim(queue, self._level_of, self._seq_of) or req
                 gone = self._preempt(victim, step, urgent=False)
@@ -194,7 +179,7 @@ class Scheduler:
                 preempted = True
                 if req in gone:
                     break
-                copies = self.bm.allocate(req, num_new, reserve=self.beams.sibling_blocks(req, queue))
+                copies = self.bm.allocate(req, num_new, reserve=self.groups.sibling_blocks(req, queue))
             if copies is not None:
                 self._emit(req, num_new, copies, step)
         return preempted
@@ -221,14 +206,13 @@ class Scheduler:
         return self._queued_level(swapped, now) <= self.waiting.level(waiting, now)
 
     def _resume(self, req: Request, step: StepBuilder) -> bool:
-        parked = self.beams.parked(req)  # its KV is complete: it comes back to wait for its siblings
+        parked = self.groups.parked(req)  # its KV is complete: it comes back to wait for its siblings
         num_new = 0 if parked else self._num_new_tokens(req, 0, step)
         if num_new == 0 and not parked:
             return False
         after = self.bm.blocks_for(req.num_computed_tokens + num_new) - self.bm.num_swapped_blocks(req)
         watermark = self._watermark(self.config.swap_in_watermark)
-        reserve = self.beams.queued_reserve(req, watermark) if self._is_beam(req) else watermark
-        pairs = self.bm.swap_in(req, reserve=after + reserve)
+        pairs = self.bm.swap_in(req, reserve=after + self.groups.queued_reserve(req, watermark))
         if pairs is None:
             return False
         copies = self.bm.allocate(req, num_new)
@@ -249,8 +233,7 @@ class Scheduler:
         if num_new == 0:
             return False
         watermark = self._watermark(self.config.admission_watermark)
-        reserve = self.beams.queued_reserve(req, watermark) if self._is_beam(req) else watermark
-        copies = self.bm.allocate(req, num_new, hit, reserve=reserve)
+        copies = self.bm.allocate(req, num_new, hit, reserve=self.groups.queued_reserve(req, watermark))
         if copies is None:
             return False
         state, now = self._live[req.request_id], self._clock()
@@ -281,9 +264,8 @@ class Scheduler:
     # -- preemption ----------------------------------------------------------------------
 
     def _preempt(self, victim: Request, step: StepBuilder, urgent: bool) -> list[Request]:
-        """Preempt the victim, with the beams of its group that this step has not scheduled (a beam
-        group leaves as one, swapped or recomputed alike). Returns who left."""
-        group = self.beams.group_of(victim, step)
+        """Preempt the victim and, for a beam, its group (GroupSteps.group_of). Returns who left."""
+        group = self.groups.group_of(victim, step)
         kind = preempt_kind(self.config, sum(self.bm.num_held(r) for r in group),
                             sum(r.num_computed_tokens for r in group), self.bm.num_free_cpu_blocks)
         for req in group:
@@ -296,7 +278,7 @@ class Scheduler:
             else:
                 self.bm.free(req, forget=False)
                 req.num_computed_tokens = 0
-                self.beams.unpark(req)  # it will compute its candidates again
+                self.groups.unpark(req)  # it will compute its candidates again
                 req.transition(RequestStatus.WAITING)
                 state = self._live[req.request_id]
                 self.waiting.push(req, state.seq, state.enqueued_at)
@@ -356,9 +338,6 @@ class Scheduler:
         # A lone request must always fit, or it would wait forever for memory nobody holds.
         return int(fraction * self.bm.device.num_blocks) if self.running else 0
 
-    def _is_beam(self, req: Request) -> bool:
-        return self._live[req.request_id].group.beam is not None
-
     def _seq_of(self, req: Request) -> int:
         return self._live[req.request_id].seq
 
@@ -378,23 +357,6 @@ class Scheduler:
             return 0
         enqueued_at = self._live[req.request_id].enqueued_at
         return aged_level(req.priority, enqueued_at, now, self.config.aging_rate)
-
-    def _fork_pending(self, state: SampleState) -> None:
-        """The leader's prompt KV is written: the pending samples share it and start."""
-        leader, group = state.req, state.group
-        if state.index != 0 or not group.pending:
-            return
-        shared = leader.num_prompt_tokens - 1
-        for follower in group.pending:
-            self.bm.fork(leader, follower, shared)
-            follower.num_computed_tokens = shared
-            follower.num_cached_tokens = leader.num_cached_tokens
-            follower_state = self._live[follower.request_id]
-            follower_state.level, follower_state.admitted = self._level_of(leader), True
-            follower.transition(RequestStatus.RUNNING)
-            self.running.append(follower)
-        group.pending = []
-        self._forking.discard(group)
 
     def _finish(self, req: Request, status: RequestStatus) -> None:
         rid = req.request_id

@@ -1,35 +1,41 @@
-"""The scheduler's beam-search steps: parking beams, expanding a group, moving its blocks.
+"""The scheduler's steps for groups of samples: n > 1 forks, and beam search's parking,
+expansion and block moves.
+
+n > 1: once the leader's prompt KV is written, its pending samples fork it (`fork_pending`).
 
 What a beam search decides lives in beam_group.py (pure ranking, no blocks); this is the part
 of the scheduler that carries it out on Requests and the block manager: a beam that sampled
 parks until its siblings did; then the group expands: continuations append, forks take
 pruned beams' slots over a copy-on-write share of their parent's blocks, pruned beams free
 theirs, and a finished search sends its best n beams. Preemption takes a beam group whole
-(`group_of`). It reaches into the Scheduler it belongs to (one concept split over two files
-to keep scheduler.py readable), and like it is pure Python.
+(`group_of`). The Scheduler builds it over its own collections (one concept split over two
+files to keep scheduler.py readable); pure Python like it.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from engine.outputs import RequestDelta
 from engine.request import Request, RequestStatus
 from engine.scheduling.beam_group import BeamSearch, NextBeam, plan_slots
+from engine.scheduling.block_manager import BlockManager
 from engine.scheduling.sample_group import SampleGroup, SampleState, beam_deltas
 from engine.scheduling.step_builder import StepBuilder
 from engine.scheduling.stop_conditions import finish_status_after
 
-if TYPE_CHECKING:
-    from engine.scheduling.scheduler import Scheduler
 
+class GroupSteps:
+    """Shares the scheduler's own collections (it is built by the Scheduler, over its fields)."""
 
-class BeamSteps:
-    def __init__(self, scheduler: Scheduler) -> None:
-        self._s = scheduler
+    def __init__(self, bm: BlockManager, live: dict[str, SampleState], running: list[Request],
+                 forking: set[SampleGroup], finish: Callable[[Request, RequestStatus], None],
+                 level_of: Callable[[Request], int], max_model_len: int) -> None:
+        self._bm, self._live, self._running, self._forking = bm, live, running, forking
+        self._finish, self._level_of, self._max_model_len = finish, level_of, max_model_len
 
     def _beam_of(self, req: Request) -> tuple[SampleState, BeamSearch] | None:
-        state = self._s._live.get(req.request_id)
+        state = self._live.get(req.request_id)
         if state is None or state.group.beam is None:
             return None
         return state, state.group.beam
@@ -66,18 +72,20 @@ class BeamSteps:
     def sibling_blocks(self, req: Request, queue: list[Request]) -> int:
         """Blocks the beam's siblings still to be scheduled this step need: reserved when the first
         of a group allocates, so the group runs whole or leaves whole (never half parked)."""
-        bm = self._s.bm
+        bm = self._bm
         return sum(bm.num_new_blocks(r, r.num_tokens - r.num_computed_tokens) for r in self._siblings(req)
                    if r in queue and not self.parked(r))
 
     def queued_reserve(self, req: Request, watermark: int) -> int:
-        """Free blocks a queued beam (swapped, or waiting after a recompute) asks for beyond its own
-        before it comes back: its queued siblings' too, so the group comes back whole, and the
-        watermark; nothing once a sibling runs (the rest of a group that fits must not wait)."""
+        """Free blocks a queued request (swapped, or waiting) asks for beyond its own before it runs:
+        the watermark; for a beam, its queued siblings' too, so the group comes back whole, and
+        nothing once a sibling runs (the rest of a group that fits must not wait)."""
+        if self._beam_of(req) is None:
+            return watermark
         siblings = self._siblings(req)
         if any(r.status is RequestStatus.RUNNING for r in siblings):
             return 0
-        bm = self._s.bm
+        bm = self._bm
         return watermark + sum(bm.blocks_for(r.num_computed_tokens + 1) if r.status is RequestStatus.SWAPPED
                                else bm.blocks_for(r.num_tokens) for r in siblings)
 
@@ -92,7 +100,7 @@ class BeamSteps:
             return []
         reqs = {i: s for i, s in enumerate(group.samples) if s in group.live}
         outputs = {i: reqs[i].output_token_ids for i in beam.scores}
-        max_len = self._s.config.max_model_len
+        max_len = self._max_model_len
 
         def stops(slot: int, token: int) -> str | None:
             status = finish_status_after(reqs[slot], token, max_len)
@@ -102,7 +110,7 @@ class BeamSteps:
         if expansion.done:
             results = beam.results(group.num_returned, outputs)
             for req in list(group.live):
-                self._s._finish(req, RequestStatus.FINISHED_STOPPED)
+                self._finish(req, RequestStatus.FINISHED_STOPPED)
             return beam_deltas(group, results)
         self._move(group, beam, expansion.beams, reqs)
         return []
@@ -110,7 +118,7 @@ class BeamSteps:
     def _move(self, group: SampleGroup, beam: BeamSearch, beams: list[NextBeam], reqs: dict[int, Request]) -> None:
         """Forks first (they read their parents' tables and tokens), then appends, then prunes."""
         placed, pruned = plan_slots(beams, sorted(reqs))
-        bm = self._s.bm
+        bm = self._bm
         for slot, nb in placed:
             if slot == nb.parent:
                 continue
@@ -125,16 +133,26 @@ class BeamSteps:
             if slot == nb.parent:
                 reqs[slot].output_token_ids.append(nb.token)
         for slot in pruned:
-            self._s._finish(reqs[slot], RequestStatus.FINISHED_ABORTED)
+            self._finish(reqs[slot], RequestStatus.FINISHED_ABORTED)
         beam.scores = {slot: nb.score for slot, nb in placed}
 
+    def fork_pending(self, state: SampleState) -> None:
+        """n > 1: the leader's prompt KV is written: the pending samples share it and start."""
+        leader, group = state.req, state.group
+        if state.index != 0 or not group.pending:
+            return
+        shared = leader.num_prompt_tokens - 1
+        for follower in list(group.pending):
+            self._bm.fork(leader, follower, shared)
+            follower.num_computed_tokens = shared
+            self._start(group, follower, leader)
+
     def _start(self, group: SampleGroup, child: Request, leader: Request) -> None:
-        s = self._s
         group.pending.remove(child)
         if not group.pending:
-            s._forking.discard(group)
+            self._forking.discard(group)
         child.num_cached_tokens = leader.num_cached_tokens
-        state = s._live[child.request_id]
-        state.level, state.admitted = s._level_of(leader), True
+        state = self._live[child.request_id]
+        state.level, state.admitted = self._level_of(leader), True
         child.transition(RequestStatus.RUNNING)
-        s.running.append(child)
+        self._running.append(child)
