@@ -149,6 +149,14 @@ EXTENDED: dict[str, tuple[Message, str]] = {
         StepOutputs([TokenDelta("req-2", 0, [42], 1, 1, 0, [TokenLogprob(-0.5, [42, 7], [-0.5, -1.25])])], [], 3),
         "94059198a57265712d3200912a0101009193cbbfe0000000000000922a0792cbbfe0000000000000cbbff4000000000000009003",
     ),
+    "AddRequest with beam search": (  # early_stopping travels as a bool or a string ("never")
+        AddRequest("r", [1], SamplingParams(n=2, best_of=4, use_beam_search=True, temperature=0,
+                                            early_stopping=True)),
+        "9a03a17291018ca16e02ab74656d706572617475726500a5746f705f70cb3ff0000000000000a5746f705f6b00a473656564c0aa6d"
+        "61785f746f6b656e7310aa6d696e5f746f6b656e7300ae73746f705f746f6b656e5f69647390aa69676e6f72655f656f73c2a76265"
+        "73745f6f6604af7573655f6265616d5f736561726368c3ae6561726c795f73746f7070696e67c300a0cb0000000000000000cb3ff0"
+        "000000000000a0c0",
+    ),
     "StepOutputs with unreturned tokens": (
         StepOutputs([TokenDelta("req-4", 0, [42, 7], 1, 2, 0, [], 5)], [], 4),
         "94059198a57265712d3400922a0701020090059004",
@@ -349,3 +357,12 @@ def test_structured_garbage_never_raises_anything_but_protocol_error(tag: int, f
     except ProtocolError:
         return
     assert decode(encode(msg)) == msg  # whatever was accepted is a valid, re-encodable message
+
+
+def test_early_stopping_is_a_bool_or_a_string_on_the_wire() -> None:
+    never = AddRequest("r", [1], SamplingParams(n=2, use_beam_search=True, temperature=0, early_stopping="never"))
+    assert decode(encode(never)) == never
+    frame = msgpack.unpackb(encode(never))
+    frame[3]["early_stopping"] = 3
+    with pytest.raises(ProtocolError, match=r"AddRequest.sampling.early_stopping: expected bool \| str, got int"):
+        decode(msgpack.packb(frame))
