@@ -150,15 +150,18 @@ def best_of_deltas(group: SampleGroup) -> list[RequestDelta]:
 
 
 def beam_deltas(group: SampleGroup, hypotheses: list[Hypothesis]) -> list[RequestDelta]:
-    """The search ended: its best n finished beams as choices 0..n-1, best first."""
+    """The search ended: its best n finished beams as choices 0..n-1, best first; the tokens the
+    other beams generated count as unreturned (usage and the tenant's quota count every beam's)."""
     leader = group.leader
-    return [
+    assert group.beam is not None
+    unreturned = max(group.beam.num_tokens - sum(len(h.token_ids) for h in hypotheses), 0)
+    return _with_unreturned([
         RequestDelta(request_id=group.client_id, new_token_ids=list(h.token_ids),
                      num_prompt_tokens=leader.num_prompt_tokens, num_output_tokens=len(h.token_ids),
                      num_cached_tokens=leader.num_cached_tokens, finish_reason=h.finish_reason, index=rank,
                      queue_seconds=group.queue_seconds)
         for rank, h in enumerate(hypotheses)
-    ]
+    ], unreturned)
 
 
 def abort_deltas(group: SampleGroup, aborted: list[Request]) -> list[RequestDelta]:

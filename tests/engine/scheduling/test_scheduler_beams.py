@@ -146,3 +146,13 @@ def test_best_of_with_client_logprobs_returns_the_winners_logprobs() -> None:
     assert list(final) == [("bo", 0)]
     assert len(final[("bo", 0)].logprobs) == 6
     assert final[("bo", 0)].finish_reason == RequestStatus.FINISHED_LENGTH.value
+
+
+def test_every_beams_tokens_count_as_usage() -> None:
+    sched, runner = scheduler(64)
+    req = beam_request("b", prompt=6, max_tokens=5)
+    sched.add_request(dataclasses.replace(req, sampling=dataclasses.replace(req.sampling, n=2, best_of=4)))
+    final = drive(sched, runner)
+    assert sorted(final) == [("b", 0), ("b", 1)]  # the 2 best of 4 beams
+    # 4 beams x 5 tokens generated, 2 x 5 returned: the other 10 are counted, on choice 0.
+    assert [final[("b", i)].num_unreturned_tokens for i in range(2)] == [10, 0]
