@@ -81,6 +81,8 @@ class BeamSearch:
     """The best `width` finished beams, best first."""
     improvable: bool = True
     """transformers' is_early_stop_heuristic_unsatisfied: once False, it stays False."""
+    num_tokens: int = 0
+    """Tokens every beam generated: one per kept beam and per finished hypothesis, each step (usage)."""
 
     def parked(self, slot: int) -> bool:
         return slot in self.candidates
@@ -117,6 +119,7 @@ class BeamSearch:
         if beams:
             self._check_improvable(beams[0].score, num_generated)
         done = all_stop or not beams or not self.improvable or (self._full and self.early_stopping is True)
+        self.num_tokens += len(finished) + (0 if done else len(beams))
         return Expansion([] if done else beams, done)
 
     @property
