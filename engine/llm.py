@@ -3,6 +3,8 @@
     llm = LLM(model="smollm2", dtype="float32")          # device="cuda" for a GPU
     results = llm.generate(["Hello", [1, 2, 3]], SamplingParams(max_tokens=32, temperature=0))
     results[0].text, results[0].token_ids, results[0].finish_reason
+    beams = llm.beam_search(["Hello"], BeamSearchParams(beam_width=4, max_tokens=16))
+    beams[0].outputs[0].text                               # the best beam; outputs are best first
 
 Prompts are strings (tokenized here) or token-id lists; results come back in
 prompt order. This wrapper owns the tokenizer; the EngineCore below it sees
@@ -59,6 +61,25 @@ class GenerationResult:
     @property
     def finish_reason(self) -> str | None:
         return self.outputs[0].finish_reason
+
+
+@dataclass(frozen=True)
+class BeamSearchParams:
+    """vLLM's offline beam search parameters (plus transformers' early_stopping): `beam_width`
+    beams are kept each step and all of them returned, best first."""
+
+    beam_width: int
+    max_tokens: int
+    ignore_eos: bool = False
+    temperature: float = 0.0
+    """Only 0: the beams are ranked by the raw model distribution."""
+    length_penalty: float = 1.0
+    early_stopping: bool | str = False
+
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(n=self.beam_width, use_beam_search=True, max_tokens=self.max_tokens,
+                              ignore_eos=self.ignore_eos, temperature=self.temperature,
+                              length_penalty=self.length_penalty, early_stopping=self.early_stopping)
 
 
 class LLM:
@@ -164,6 +185,11 @@ class LLM:
                 for o in r.outputs:
                     o.text = self.tokenizer.decode(o.token_ids, skip_special_tokens=True)
         return [results[rid] for rid in order]
+
+    def beam_search(self, prompts: Prompt | Sequence[Prompt], params: BeamSearchParams,
+                    *, detokenize: bool = True) -> list[GenerationResult]:
+        """Beam search over each prompt (engine/scheduling/beam_group.py): outputs are the beams, best first."""
+        return self.generate(prompts, params.sampling(), detokenize=detokenize)
 
     def _run(self, results: dict[str, GenerationResult]) -> None:
         unfinished = sum(len(r.outputs) for r in results.values())

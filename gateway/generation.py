@@ -228,7 +228,7 @@ class Generation:
 
     def _text_deltas(self, sample: _Sample, item: TokenDelta) -> list[ChoiceDelta]:
         self.usage.cached_tokens = item.num_cached_tokens
-        self.usage.completion_tokens += len(item.new_token_ids)
+        self.usage.completion_tokens += len(item.new_token_ids) + item.num_unreturned_tokens  # best_of: all candidates
         if self.observer is not None:
             self.observer.on_tokens(len(item.new_token_ids))
         text = sample.detok.push(item.new_token_ids)

@@ -21,8 +21,9 @@ from gateway.auth import bearer_key, check_key_first
 from gateway.body import read_json_object
 from gateway.models_api import check_model
 from gateway.request_fields import split_fields
-from gateway.schemas import ChatMessage, TokenId, flatten_messages, invalid_request
+from gateway.schemas import ChatMessage, TokenId, flatten_messages
 from gateway.state import GatewayState, get_state
+from gateway.validation_errors import invalid_request
 
 
 class _Strict(BaseModel):

@@ -8,7 +8,9 @@ tested fast on any machine. It sees requests as token counts and block ids, neve
     step_cost.py        what steps cost on this host (timed by EngineCore): the serving prefill budget in time
     fair_queue.py       the waiting queue: priority with aging, weighted fair share, arrival
     preemption.py       which running request gives its blocks back, and how (swap or recompute)
-    sample_group.py     n > 1: one client request as n samples sharing prompt blocks (copy-on-write)
+    sample_group.py     n > 1, best_of: one client request as samples sharing prompt blocks (copy-on-write)
+    beam_group.py       beam search: ranking the beams' candidates, finished hypotheses, early stopping
+    group_steps.py      the scheduler's steps for sample groups: forks, beam parking and expansion
     stop_conditions.py  the one place a sampled token becomes a finish reason
     request_checks.py   admission: a request that could never run is refused up front
     block_manager.py    block tables on the device and in the CPU pool; prefix-cache hits

@@ -24,6 +24,7 @@ from engine.worker.decode_graphs import DecodeGraphs
 from engine.worker.input_batch import build_step_inputs, order_chunks
 from engine.worker.kv_cache import CacheLayout, KVCache
 from engine.worker.layers.attention import KernelPagedAttention, PagedAttentionOp, TorchPagedAttention
+from engine.worker.logprobs import beam_candidates
 from engine.worker.models.decoder import DecoderModel
 from engine.worker.native_layers import NativeLayers
 from engine.worker.prompt_logprobs import PromptLogprobs
@@ -105,9 +106,11 @@ class ModelRunner:
             logits = all_logits[:n] if inputs.prompt_rows else all_logits  # (N, V)
             if self.structured is not None:  # structured outputs: banned tokens of constrained rows -> -inf
                 self.structured.mask(logits, inputs.sampled)
+            beams = beam_candidates(logits, inputs.sampled)  # before the sampler changes logits in place
             sampled = self.sampler.sample_with_logprobs(logits, inputs.sampled)
             if self.structured is not None:
                 self.structured.advance(inputs.sampled, sampled.token_ids)
         ids = [c.request_id for c in inputs.sampled]
         return RunnerOutput(dict(zip(ids, sampled.token_ids, strict=True)),
-                            {ids[row]: lp for row, lp in sampled.logprobs.items()}, prompt)
+                            {ids[row]: lp for row, lp in sampled.logprobs.items()}, prompt,
+                            {ids[row]: cands for row, cands in beams.items()})

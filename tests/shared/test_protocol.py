@@ -65,7 +65,7 @@ GOLDEN_HEX = {
         "cb4000000000000000a173c0"
     ),
     "Abort": "920492a161a162",
-    "StepOutputs": "94059198a57265712d3100922ace0001117003020090909195a57265712d3100a66c656e67746893030200c009",
+    "StepOutputs": "94059199a57265712d3100922ace000111700302009090009195a57265712d3100a66c656e67746893030200c009",
     "Error": (
         "9606a57265712d31a772657175657374ae746f6b656e206964203520626164b0726571756573745f72656a6563746564"
         "a670726f6d7074"
@@ -118,13 +118,25 @@ OLDER_PEER_HEX = {
     "StepOutputs with logprobs": (
         "94059197a57265712d3100922ace00011170030200909194a57265712d3100a66c656e6774689303020009",
         SAMPLES["StepOutputs"]),
-    # its TokenDelta before prompt_logprobs
+    # its TokenDelta before prompt_logprobs (h9) and num_unreturned_tokens (h10, best_of): the same frame
     "StepOutputs with logprobs, before prompt_logprobs": (
         "94059197a57265712d3100922ace00011170030200909195a57265712d3100a66c656e67746893030200c009",
         SAMPLES["StepOutputs"]),
     "StepOutputs with a token's logprobs, before prompt_logprobs": (
         "94059197a57265712d3200912a0101009193cbbfe0000000000000922a0792cbbfe0000000000000cbbff40000000000009003",
         StepOutputs([TokenDelta("req-2", 0, [42], 1, 1, 0, [TokenLogprob(-0.5, [42, 7], [-0.5, -1.25])])], [], 3)),
+    # its TokenDelta with prompt_logprobs, before num_unreturned_tokens (best_of, issue 44)
+    "StepOutputs with prompt_logprobs, before unreturned tokens": (
+        "94059198a57265712d3100922ace0001117003020090909195a57265712d3100a66c656e67746893030200c009",
+        SAMPLES["StepOutputs"]),
+    "StepOutputs with a token's logprobs, before unreturned tokens": (
+        "94059198a57265712d3200912a0101009193cbbfe0000000000000922a0792cbbfe0000000000000cbbff4000000000000909003",
+        StepOutputs([TokenDelta("req-2", 0, [42], 1, 1, 0, [TokenLogprob(-0.5, [42, 7], [-0.5, -1.25])])], [], 3)),
+    "StepOutputs with prompt logprobs, before unreturned tokens": (
+        "94059198a57265712d3400912a030100909293cbbfe0000000000000910991cbbfd000000000000093cbc000000000000000910791"
+        "cbc0000000000000009004",
+        StepOutputs([TokenDelta("req-4", 0, [42], 3, 1, 0, [], [TokenLogprob(-0.5, [9], [-0.25]),
+                                                                 TokenLogprob(-2.0, [7], [-2.0])])], [], 4)),
     # its TokenDelta before logprobs
     "StepOutputs": (
         "94059196a57265712d3100922ace000111700302009194a57265712d3100a66c656e6774689303020009", SAMPLES["StepOutputs"]),
@@ -152,13 +164,13 @@ EXTENDED: dict[str, tuple[Message, str]] = {
     ),
     "StepOutputs": (
         StepOutputs([TokenDelta("req-2", 0, [42], 1, 1, 0, [TokenLogprob(-0.5, [42, 7], [-0.5, -1.25])])], [], 3),
-        "94059198a57265712d3200912a0101009193cbbfe0000000000000922a0792cbbfe0000000000000cbbff4000000000000909003",
+        "94059199a57265712d3200912a0101009193cbbfe0000000000000922a0792cbbfe0000000000000cbbff400000000000090009003",
     ),
     "StepOutputs with prompt logprobs": (
         StepOutputs([TokenDelta("req-4", 0, [42], 3, 1, 0, [], [TokenLogprob(-0.5, [9], [-0.25]),
                                                                  TokenLogprob(-2.0, [7], [-2.0])])], [], 4),
-        "94059198a57265712d3400912a030100909293cbbfe0000000000000910991cbbfd000000000000093cbc000000000000000910791"
-        "cbc0000000000000009004",
+        "94059199a57265712d3400912a030100909293cbbfe0000000000000910991cbbfd000000000000093cbc000000000000000910791"
+        "cbc000000000000000009004",
     ),
     "AddRequest with allowed ids, bad words and prompt logprobs": (
         AddRequest("req-5", [1], SamplingParams(allowed_token_ids=(3, 4), bad_words_token_ids=((5, 6), (7,)),
@@ -167,6 +179,18 @@ EXTENDED: dict[str, tuple[Message, str]] = {
         "705f6b00a473656564c0aa6d61785f746f6b656e7310aa6d696e5f746f6b656e7300ae73746f705f746f6b656e5f69647390aa6967"
         "6e6f72655f656f73c2b1616c6c6f7765645f746f6b656e5f696473920304b36261645f776f7264735f746f6b656e5f696473929205"
         "069107af70726f6d70745f6c6f6770726f62730100a0cb0000000000000000cb3ff0000000000000a0c0",
+    ),
+    "AddRequest with beam search": (  # early_stopping travels as a bool or a string ("never")
+        AddRequest("r", [1], SamplingParams(n=2, best_of=4, use_beam_search=True, temperature=0,
+                                            early_stopping=True)),
+        "9a03a17291018ca16e02ab74656d706572617475726500a5746f705f70cb3ff0000000000000a5746f705f6b00a473656564c0aa6d"
+        "61785f746f6b656e7310aa6d696e5f746f6b656e7300ae73746f705f746f6b656e5f69647390aa69676e6f72655f656f73c2a76265"
+        "73745f6f6604af7573655f6265616d5f736561726368c3ae6561726c795f73746f7070696e67c300a0cb0000000000000000cb3ff0"
+        "000000000000a0c0",
+    ),
+    "StepOutputs with unreturned tokens": (
+        StepOutputs([TokenDelta("req-4", 0, [42, 7], 1, 2, 0, num_unreturned_tokens=5)], [], 4),
+        "94059199a57265712d3400922a070102009090059004",
     ),
 }
 
@@ -364,3 +388,12 @@ def test_structured_garbage_never_raises_anything_but_protocol_error(tag: int, f
     except ProtocolError:
         return
     assert decode(encode(msg)) == msg  # whatever was accepted is a valid, re-encodable message
+
+
+def test_early_stopping_is_a_bool_or_a_string_on_the_wire() -> None:
+    never = AddRequest("r", [1], SamplingParams(n=2, use_beam_search=True, temperature=0, early_stopping="never"))
+    assert decode(encode(never)) == never
+    frame = msgpack.unpackb(encode(never))
+    frame[3]["early_stopping"] = 3
+    with pytest.raises(ProtocolError, match=r"AddRequest.sampling.early_stopping: expected bool \| str, got int"):
+        decode(msgpack.packb(frame))
