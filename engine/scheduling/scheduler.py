@@ -26,6 +26,7 @@ from engine.scheduling.checks import Placement, check_placement
 from engine.scheduling.config import SchedulerConfig, SchedulerStats
 from engine.scheduling.counters import Counters
 from engine.scheduling.fair_queue import FairQueue, aged_level
+from engine.scheduling.lora_gate import LoraGate
 from engine.scheduling.preemption import pick_victim, plan_room, preempt_kind, victim_order
 from engine.scheduling.request_checks import RequestRejected, validate_request
 from engine.scheduling.sample_group import SampleGroup, SampleState, make_delta, sample_ids, split_samples
@@ -58,6 +59,7 @@ class Scheduler:
         self.waiting = FairQueue(config.policy, config.aging_rate)
         self.running: list[Request] = []
         self.swapped: list[Request] = []
+        self.loras = LoraGate(config.max_loras, config.lora_drain_s)
         self._clock = clock
         self._live: dict[str, SampleState] = {}  # internal id -> a live sample's bookkeeping
         self._groups: dict[str, SampleGroup] = {}  # client id -> its samples
@@ -117,6 +119,7 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         now = self._clock()
         self.bm.end_step()
+        self.loras.begin_step(self.running, now)
         step = StepBuilder(budget=self.config.max_num_batched_tokens, chunk_cap=self.config.long_prefill_token_threshold,
                            prefill_budget=serving_prefill_budget(self.config, self.running, self.waiting,
                                                                  self.step_costs, now, self._live))
@@ -179,10 +182,9 @@ class Scheduler:
     def _schedule_queued(self, now: float, step: StepBuilder) -> None:
         """Resume swapped requests and admit waiting ones, most urgent first."""
         while step.budget > 0:
-            swapped = min(
-                self.swapped, key=lambda r: (self._queued_level(r, now), self._seq_of(r)), default=None
-            )
-            waiting = self.waiting.peek(now)
+            swapped = min((r for r in self.swapped if self.loras.admits(r)),
+                          key=lambda r: (self._queued_level(r, now), self._seq_of(r)), default=None)
+            waiting = self.waiting.peek(now, self.loras.admits)
             if swapped is not None and (waiting is None or self._resume_first(swapped, waiting, now)):
                 if not self._has_seats(swapped) or not self._resume(swapped, step):
                     return
@@ -212,6 +214,7 @@ class Scheduler:
         self.swapped.remove(req)
         req.transition(RequestStatus.RUNNING)
         self.running.append(req)
+        self.loras.joined(req)
         self._counters.swapped_in(len(pairs))
         self._emit(req, num_new, copies, step)
         return True
@@ -232,6 +235,7 @@ class Scheduler:
         self._counters.prefix_lookup(hit.num_tokens, req.num_tokens)
         req.transition(RequestStatus.RUNNING)
         self.running.append(req)
+        self.loras.joined(req)
         self._emit(req, num_new, copies, step)
         return True
 
@@ -271,7 +275,7 @@ class Scheduler:
 
     def _preempt_for_urgent(self, now: float, step: StepBuilder) -> None:
         """Make room for the head of the queue by preempting requests far less urgent."""
-        req = self.waiting.peek(now)
+        req = self.waiting.peek(now, self.loras.admits)
         if req is None:
             return
         # The head's static priority: aging orders the queue but never makes a request preempt.
@@ -368,6 +372,7 @@ class Scheduler:
         elif not self.waiting.remove(req):
             group.pending.remove(req)
         req.transition(status)
+        self.loras.forget(req)
         self.bm.free(req)
         self._finished_ids.append(rid)
         if not group.live:
