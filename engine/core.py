@@ -32,8 +32,9 @@ from engine.step_failures import RequestsFailed, is_fatal
 from engine.worker.decode_graphs import DecodeGraphs, bucket_sizes
 from engine.worker.kernel_warmup import warm_up_triton
 from engine.worker.kv_cache import CacheLayout, KVCache
-from engine.worker.lora.adapter import LoraError, load_adapter
-from engine.worker.lora.registry import LoraNotFound, LoraRegistry
+from engine.worker.lora.adapter import load_adapter
+from engine.worker.lora.errors import LoraError, LoraNotFound
+from engine.worker.lora.registry import LoraRegistry
 from engine.worker.model_loader import DTYPES, load_model
 from engine.worker.model_runner import ModelRunner
 from engine.worker.models.spec import ModelSpec

@@ -28,11 +28,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from engine.worker.lora.errors import LoraError
 from engine.worker.models.spec import ModelSpec
-
-
-class LoraError(ValueError):
-    """An adapter this engine cannot serve (the message names the file, tensor or key): a 400."""
 
 
 @dataclass(frozen=True)

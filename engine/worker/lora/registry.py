@@ -19,11 +19,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.worker.lora.adapter import LoraAdapter, LoraError
-
-
-class LoraNotFound(LoraError):
-    """No adapter of that name is loaded (the gateway answers 404 model_not_found)."""
+from engine.worker.lora.adapter import LoraAdapter
+from engine.worker.lora.errors import LoraError, LoraNotFound
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM
 
 from engine.config import LoraConfig
 from engine.llm import LLM
-from engine.worker.lora.registry import LoraNotFound
+from engine.worker.lora.errors import LoraNotFound
 from shared.sampling import SamplingParams
 from tests.engine.model_fixtures import hf_greedy, make_llm, random_prompts, tiny_model
 from tests.support.lora_adapters import merged_folder, peft_adapter
