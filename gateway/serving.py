@@ -26,6 +26,7 @@ from gateway.auth import admit
 from gateway.errors import APIError, InternalError
 from gateway.generation import Generation
 from gateway.logprobs import LogprobEntry
+from gateway.models_api import lora_name_for
 from gateway.openai_format import Endpoint, ResponseFormat, id_prefix, new_request_id
 from gateway.request_context import record_of
 from gateway.sampling_plan import DecidedSampling, OutputLimits, decide_sampling
@@ -84,8 +85,9 @@ async def serve(request: Request, state: GatewayState, plan: Plan, key: str) -> 
     settings = plan.settings
     record = record_of(request)
     request_id = record.engine_id(id_prefix(plan.endpoint)) if record is not None else new_request_id(plan.endpoint)
-    fmt = ResponseFormat(plan.endpoint, request_id, plan.engine.model_info.model_name, settings.include_usage,
-                         settings.continuous_usage)
+    lora_name = lora_name_for(plan.engine.model_info, settings.model)
+    fmt = ResponseFormat(plan.endpoint, request_id, lora_name or plan.engine.model_info.model_name,
+                         settings.include_usage, settings.continuous_usage)
     admission_started = time.perf_counter()
     try:
         caller, ticket = await admit(key, state.store, state.admission, len(plan.prompt.token_ids),
@@ -107,6 +109,7 @@ async def serve(request: Request, state: GatewayState, plan: Plan, key: str) -> 
             ticket=ticket,
             observer=record,
             grammar=settings.grammar,
+            lora_name=lora_name,
         )
     except BaseException:
         if ticket is not None:

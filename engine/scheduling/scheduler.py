@@ -257,9 +257,8 @@ class Scheduler:
 
     def _preempt(self, victim: Request, step: StepBuilder, urgent: bool) -> None:
         self.running.remove(victim)
-        kind = preempt_kind(
-            self.config, self.bm.num_held(victim), victim.num_computed_tokens, self.bm.num_free_cpu_blocks
-        )
+        kind = preempt_kind(self.config, self.bm.num_held(victim), victim.num_computed_tokens,
+                            self.bm.num_free_cpu_blocks)
         pairs = self.bm.swap_out(victim) if kind == "swap" else None
         if pairs is not None:
             step.swap_out += pairs
@@ -383,12 +382,8 @@ class Scheduler:
 
     def stats(self) -> SchedulerStats:
         pending = sum(len(g.pending) for g in self._groups.values())
-        return self._counters.snapshot(
-            running=len(self.running),
-            waiting=len(self.waiting) + pending,
-            swapped=len(self.swapped),
-            bm=self.bm,
-        )
+        return self._counters.snapshot(running=len(self.running), waiting=len(self.waiting) + pending,
+                                       swapped=len(self.swapped), bm=self.bm)
 
     def placement(self) -> Placement:
         return Placement(
