@@ -9,6 +9,8 @@ What the architectures change is a named option of ModelSpec (engine/worker/mode
 read once from config.json (engine/worker/models/architectures/), and acts at the line that
 names it: q/k biases, q/k norms, windows and soft-caps (in Attention), the activation (GatedMLP),
 Gemma's sandwich norms, Granite's residual scale, the embedding and logit scales (here).
+LoRA adapters (engine/worker/lora/) reach the projections as the step's `lora` batch: each of
+qkv, o, gate_up and down adds its adapter rows' x A^T B^T; None (no adapter row) costs nothing.
 Each residual add is fused into the norm that follows it (vLLM's pattern): a
 layer takes and returns (h, residual), where the stream above is x = h + residual,
 and `RMSNorm.add_norm` does residual += h; h = norm(residual) in one pass.
