@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.config import CacheConfig, EngineConfig, ModelConfig
+from engine.config import CacheConfig, EngineConfig, LoraConfig, ModelConfig
 from engine.core import EngineCore
 from engine.request import Request
 from engine.scheduling.config import SchedulerConfig
@@ -99,11 +99,13 @@ class LLM:
         device: str = "cpu",
         enforce_eager: bool = False,
         tensor_parallel_size: int = 1,
+        lora: LoraConfig | None = None,
     ) -> None:
         """`device`: where the weights and the KV cache live ("cpu", "cuda", "cuda:1"); "auto"
         attention then picks the Triton kernels on CUDA and the CPU kernels elsewhere.
         `enforce_eager`: decode steps through the Python layers (no CUDA graphs, no C++ layer loop on CPUs).
-        `tensor_parallel_size`: processes sharing every layer (engine/worker/parallel/); `close()` stops them."""
+        `tensor_parallel_size`: processes sharing every layer (engine/worker/parallel/); `close()` stops them.
+        `lora`: LoRA adapters (LoraConfig(enabled=True, modules=(("name", "/peft/folder"),)))."""
         cache_args: dict[str, Any] = {"block_size": block_size}
         if kv_cache_memory is not None:
             cache_args["kv_cache_memory"] = kv_cache_memory
@@ -116,6 +118,7 @@ class LLM:
             seed=seed,
             enforce_eager=enforce_eager,
             tensor_parallel_size=tensor_parallel_size,
+            lora=lora or LoraConfig(),
         )
         self.core = EngineCore(config)
         self._tokenizer: Any = None
@@ -151,9 +154,11 @@ class LLM:
         *,
         detokenize: bool = True,
         grammar: GrammarSpec | Sequence[GrammarSpec | None] | None = None,
+        lora: str | Sequence[str] = "",
     ) -> list[GenerationResult]:
         """Run every prompt to completion in one continuous batch; results in prompt order.
-        `grammar`: structured output for every prompt, or one spec (or None) per prompt."""
+        `grammar`: structured output for every prompt, or one spec (or None) per prompt.
+        `lora`: the adapter every prompt runs under, or one name per prompt ("": the base model)."""
         if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
         prompt_list = list(prompts)  # type: ignore[arg-type]
@@ -166,13 +171,16 @@ class LLM:
         grammars = list(grammar) if isinstance(grammar, Sequence) else [grammar] * len(prompt_list)
         if len(grammars) != len(prompt_list):
             raise ValueError(f"{len(grammars)} grammars for {len(prompt_list)} prompts")
+        loras = [lora] * len(prompt_list) if isinstance(lora, str) else list(lora)
+        if len(loras) != len(prompt_list):
+            raise ValueError(f"{len(loras)} adapter names for {len(prompt_list)} prompts")
         results: dict[str, GenerationResult] = {}
         order = []
-        for prompt, p, g in zip(prompt_list, param_list, grammars, strict=True):
+        for prompt, p, g, name in zip(prompt_list, param_list, grammars, loras, strict=True):
             ids = list(self.tokenizer.encode(prompt)) if isinstance(prompt, str) else list(prompt)
             rid = f"llm-{self._counter}"
             self._counter += 1
-            self.core.add_request(Request(rid, ids, p, arrival_time=0.0, grammar=g))
+            self.core.add_request(Request(rid, ids, p, arrival_time=0.0, grammar=g, lora_name=name))
             results[rid] = GenerationResult(rid, ids, [SampleOutput(i) for i in range(p.n)])
             order.append(rid)
         try:

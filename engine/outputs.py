@@ -40,6 +40,8 @@ class ScheduledChunk:
     """Tokens generated so far (by reference): presence, frequency and repetition penalties."""
     grammar: GrammarSpec | None = None
     """The request's structured-output grammar: its sampled rows are masked to it."""
+    lora_id: int = 0
+    """The LoRA adapter load its rows run under (engine/worker/lora/registry.py); 0: the base model."""
 
 
 @dataclass(frozen=True)

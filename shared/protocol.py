@@ -48,6 +48,9 @@ REQUEST_REJECTED = "request_rejected"
 """Error.code of a request refused at admission: it can never run with this model (the client's fault)."""
 DEADLINE_EXCEEDED = "deadline_exceeded"
 """Error.code of a request the engine aborted because it ran past the engine's request deadline."""
+MODEL_NOT_FOUND = "model_not_found"
+"""Error.code of a request naming an adapter the engine does not serve (unloaded since the gateway
+last heard): the gateway answers 404 model_not_found, as for any unknown model."""
 REQUEST_FAILED = "request_failed"
 """Error.code of a request that failed while it ran; its blocks are freed and the engine goes on."""
 FinishReason = Literal["stop", "length", "abort"]
@@ -94,6 +97,8 @@ class AddRequest:
     """Prefix-cache isolation: requests share cached blocks only with equal salts."""
     grammar: GrammarSpec | None = None
     """Structured output: the engine masks every sampled token to this grammar (None: free text)."""
+    lora_name: str = ""
+    """The LoRA adapter to run under (one of Ready's ModelInfo.adapters); "": the base model."""
 
 
 @dataclass(frozen=True)

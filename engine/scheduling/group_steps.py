@@ -61,6 +61,11 @@ class GroupSteps:
         return [victim] + [r for r in found[0].group.live if r is not victim
                            and r.status is RequestStatus.RUNNING and r.request_id not in in_step]
 
+    def rejoins(self, req: Request) -> bool:
+        """A queued beam whose group has a beam running: the rest of a group that runs is not a
+        new request (the LoRA gate must let it back, as the group's adapter already runs)."""
+        return any(r.status is RequestStatus.RUNNING for r in self._siblings(req))
+
     def _siblings(self, req: Request) -> list[Request]:
         """The beam's live siblings that exist on their own (pending beams only fork, later)."""
         found = self._beam_of(req)

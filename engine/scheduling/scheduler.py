@@ -28,9 +28,11 @@ from engine.scheduling.config import SchedulerConfig, SchedulerStats
 from engine.scheduling.counters import Counters
 from engine.scheduling.fair_queue import FairQueue, aged_level
 from engine.scheduling.group_steps import GroupSteps
+from engine.scheduling.lora_gate import LoraGate
 from engine.scheduling.preemption import pick_victim, plan_room, preempt_kind, victim_order
 from engine.scheduling.request_checks import RequestRejected, validate_request
 from engine.scheduling.sample_group import SampleGroup, SampleState, sample_ids, split_samples
+from engine.scheduling.seats import Seats
 from engine.scheduling.step_builder import StepBuilder, serving_prefill_budget
 from engine.scheduling.step_cost import StepCosts
 from engine.scheduling.stop_conditions import finish_status
@@ -60,6 +62,7 @@ class Scheduler:
         self.waiting = FairQueue(config.policy, config.aging_rate)
         self.running: list[Request] = []
         self.swapped: list[Request] = []
+        self.loras = LoraGate(config.max_loras, config.lora_drain_s)
         self._clock = clock
         self._live: dict[str, SampleState] = {}  # internal id -> a live sample's bookkeeping
         self._groups: dict[str, SampleGroup] = {}  # client id -> its samples
@@ -70,6 +73,7 @@ class Scheduler:
         self.step_costs = StepCosts(config.prefill_stall_factor, config.prefill_backlog_drain_s)  # EngineCore feeds it
         self.groups = GroupSteps(self.bm, self._live, self.running, self._forking, self._finish, self._level_of,
                                  config.max_model_len)
+        self.seats = Seats(config.max_num_seqs, self.running, self._live, self._forking)
 
     # -- requests in and out -------------------------------------------------------------
 
@@ -122,6 +126,7 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         now = self._clock()
         self.bm.end_step()
+        self.loras.begin_step(self.running, now)
         step = StepBuilder(budget=self.config.max_num_batched_tokens, chunk_cap=self.config.long_prefill_token_threshold,
                            prefill_budget=serving_prefill_budget(self.config, self.running, self.waiting,
                                                                  self.step_costs, now, self._live))
@@ -187,18 +192,22 @@ class Scheduler:
     def _schedule_queued(self, now: float, step: StepBuilder) -> None:
         """Resume swapped requests and admit waiting ones, most urgent first."""
         while step.budget > 0:
-            swapped = min(
-                self.swapped, key=lambda r: (self._queued_level(r, now), self._seq_of(r)), default=None
-            )
-            waiting = self.waiting.peek(now)
+            swapped = min((r for r in self.swapped if self._may_join(r)),
+                          key=lambda r: (self._queued_level(r, now), self._seq_of(r)), default=None)
+            waiting = self.waiting.peek(now, self._may_join)
             if swapped is not None and (waiting is None or self._resume_first(swapped, waiting, now)):
-                if not self._has_seats(swapped) or not self._resume(swapped, step):
+                if not self.seats.available_for(swapped) or not self._resume(swapped, step):
                     return
             elif waiting is not None:
-                if not self._has_seats(waiting) or not self._admit(waiting, step):
+                if not self.seats.available_for(waiting) or not self._admit(waiting, step):
                     return
             else:
                 return
+
+    def _may_join(self, req: Request) -> bool:
+        """The LoRA gate's rule, except for a beam whose group already runs: it must come back
+        (its parked siblings wait for it), so a drain never splits a group it would then wait on."""
+        return self.groups.rejoins(req) or self.loras.admits(req)
 
     def _resume_first(self, swapped: Request, waiting: Request, now: float) -> bool:
         if self.config.policy != "priority":
@@ -222,6 +231,7 @@ class Scheduler:
         self.swapped.remove(req)
         req.transition(RequestStatus.RUNNING)
         self.running.append(req)
+        self.loras.joined(req)
         self._counters.swapped_in(len(pairs))
         if num_new:
             self._emit(req, num_new, copies, step)
@@ -244,6 +254,7 @@ class Scheduler:
         self._counters.prefix_lookup(hit.num_tokens, req.num_tokens)
         req.transition(RequestStatus.RUNNING)
         self.running.append(req)
+        self.loras.joined(req)
         self._emit(req, num_new, copies, step)
         return True
 
@@ -287,7 +298,7 @@ class Scheduler:
 
     def _preempt_for_urgent(self, now: float, step: StepBuilder) -> None:
         """Make room for the head of the queue by preempting requests far less urgent."""
-        req = self.waiting.peek(now)
+        req = self.waiting.peek(now, self.loras.admits)
         if req is None:
             return
         # The head's static priority: aging orders the queue but never makes a request preempt.
@@ -306,7 +317,7 @@ class Scheduler:
             + self._watermark(self.config.admission_watermark)
             - self.bm.num_free_device_blocks
         )
-        short_seats = self._seats_needed(req) - self._free_seats()
+        short_seats = self.seats.needed(req) - self.seats.free()
         if short_blocks <= 0 and short_seats <= 0:
             return
         candidates.sort(key=victim_order(self._level_of, self._seq_of))
@@ -317,22 +328,7 @@ class Scheduler:
     def _room_freed_by(self, victim: Request) -> tuple[int, int]:
         """(blocks, seats) preempting `victim` makes available, its own growth included."""
         growth = self.bm.blocks_for(victim.num_tokens) - self.bm.num_held(victim)
-        return self.bm.num_reclaimable(victim) + growth, 1 + self._pending_count(victim)
-
-    def _pending_count(self, req: Request) -> int:
-        state = self._live[req.request_id]
-        return len(state.group.pending) if state.index == 0 else 0
-
-    def _seats_needed(self, req: Request) -> int:
-        return 1 + self._pending_count(req)
-
-    def _free_seats(self) -> int:
-        # Seats held for the pending samples of leaders that run (they fork into them).
-        reserved = sum(len(g.pending) for g in self._forking if g.leader.status is RequestStatus.RUNNING)
-        return self.config.max_num_seqs - len(self.running) - reserved
-
-    def _has_seats(self, req: Request) -> bool:
-        return self._seats_needed(req) <= self._free_seats()
+        return self.bm.num_reclaimable(victim) + growth, self.seats.needed(victim)
 
     def _watermark(self, fraction: float) -> int:
         # A lone request must always fit, or it would wait forever for memory nobody holds.
@@ -368,6 +364,7 @@ class Scheduler:
         elif not self.waiting.remove(req):
             group.pending.remove(req)
         req.transition(status)
+        self.loras.forget(req)
         self.bm.free(req)
         self._finished_ids.append(rid)
         if not group.live:
@@ -378,19 +375,15 @@ class Scheduler:
 
     def stats(self) -> SchedulerStats:
         pending = sum(len(g.pending) for g in self._groups.values())
-        return self._counters.snapshot(
-            running=len(self.running),
-            waiting=len(self.waiting) + pending,
-            swapped=len(self.swapped),
-            bm=self.bm,
-        )
+        return self._counters.snapshot(running=len(self.running), waiting=len(self.waiting) + pending,
+                                       swapped=len(self.swapped), bm=self.bm)
 
     def placement(self) -> Placement:
         return Placement(
             live=[state.req for state in self._live.values()], running=list(self.running),
             swapped=list(self.swapped), queued=list(self.waiting),
             pending=[r for g in self._groups.values() for r in g.pending],
-            seats_taken=len(self.running) + sum(self._pending_count(r) for r in self.running),
+            seats_taken=self.seats.taken(),
             groups_without_live_sample=[g.client_id for g in self._groups.values() if not g.live],
             bm=self.bm, max_num_seqs=self.config.max_num_seqs, max_model_len=self.config.max_model_len,
         )
