@@ -99,3 +99,23 @@ def test_reload_under_the_same_name_serves_no_stale_block(
     llm.core.unload_lora("a")
     with pytest.raises(LoraNotFound):
         llm.generate(prompt, GREEDY, detokenize=False, lora="a")
+
+
+def test_beams_and_best_of_under_an_adapter_equal_the_merged_model(
+        tiny_model: Path, adapters: dict[str, tuple[Path, Path]]) -> None:
+    """Beam forks and best_of candidates run under their request's adapter (and share blocks cached
+    under it only): each choice equals the same search on the merged model; base requests beside them
+    equal the base model's."""
+    name = "all-r8"
+    folder, merged = adapters[name]
+    beam = SamplingParams(n=2, best_of=3, use_beam_search=True, temperature=0.0, max_tokens=8, ignore_eos=True)
+    best_of = SamplingParams(n=1, best_of=3, temperature=1.0, seed=5, max_tokens=8, ignore_eos=True)
+    prompts = random_prompts([9, 6], 512, seed=3)
+    llm = _lora_llm(tiny_model, {name: folder})
+    for params in (beam, best_of):
+        got = llm.generate(prompts * 2, params, detokenize=False, lora=[name, name, "", ""])
+        llm.core.scheduler.check_invariants()
+        for ref, results in ((merged, got[:2]), (tiny_model, got[2:])):
+            want = make_llm(ref, blocks=96).generate(prompts, params, detokenize=False)
+            assert [[o.token_ids for o in r.outputs] for r in results] == \
+                [[o.token_ids for o in r.outputs] for r in want], f"{ref.name}, {params}"
