@@ -4,6 +4,7 @@
       ├─ model: ModelConfig          which weights, which dtype, how long a sequence may be
       ├─ cache: CacheConfig          KV block size and the memory budgets of both pools
       ├─ scheduler: SchedulerConfig  (engine/scheduling/config.py, the scheduler's own knobs)
+      ├─ lora: LoraConfig            adapters on the base model, and their limits
       ├─ attention_backend           "auto" | "torch" | "triton"
       └─ tensor_parallel_size        ranks holding a shard of every layer (engine/worker/parallel/)
 
@@ -76,6 +77,33 @@ class CacheConfig:
 
 
 @dataclass(frozen=True)
+class LoraConfig:
+    """LoRA adapters on the base model (engine/worker/lora/): --enable-lora and its limits."""
+
+    enabled: bool = False
+    """--enable-lora: requests may name an adapter; off, no adapter code runs at all."""
+    modules: tuple[tuple[str, str], ...] = ()
+    """--lora-modules NAME=PATH ...: adapters loaded at start-up (PEFT folders)."""
+    max_loras: int = 4
+    """--max-loras: distinct adapters in one step (the base model not counted)."""
+    max_lora_rank: int = 64
+    """--max-lora-rank: the largest rank an adapter may have."""
+    max_cpu_loras: int = 32
+    """--max-cpu-loras: adapters whose weights stay in memory; the rest are read again from disk on use."""
+
+    def __post_init__(self) -> None:
+        if self.max_loras < 1 or self.max_lora_rank < 1:
+            raise ConfigError("--max-loras and --max-lora-rank must be at least 1")
+        if self.max_cpu_loras < self.max_loras:
+            raise ConfigError(f"--max-cpu-loras ({self.max_cpu_loras}) must be at least --max-loras ({self.max_loras})")
+        if self.modules and not self.enabled:
+            raise ConfigError("--lora-modules needs --enable-lora")
+        names = [name for name, _ in self.modules]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"--lora-modules names an adapter twice: {names}")
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     """Which model, in which dtype."""
@@ -95,9 +123,13 @@ class EngineConfig:
     (engine/worker/sampling_defaults.py); None: the model's own."""
     tensor_parallel_size: int = 1
     """Processes that each hold a shard of every layer (gloo on the CPU); 1: today's single process."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """LoRA adapters (off by default)."""
 
     def __post_init__(self) -> None:
         if self.attention_backend not in BACKENDS:
             raise ConfigError(f"attention_backend must be one of {BACKENDS}, not {self.attention_backend!r}")
         if self.tensor_parallel_size < 1:
             raise ConfigError(f"--tensor-parallel-size must be at least 1, not {self.tensor_parallel_size}")
+        if self.lora.enabled and self.tensor_parallel_size > 1:
+            raise ConfigError("--enable-lora does not work with --tensor-parallel-size > 1 yet")

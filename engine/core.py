@@ -21,6 +21,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import torch
+
 from engine.config import EngineConfig
 from engine.outputs import RequestDelta
 from engine.request import Request
@@ -30,8 +32,12 @@ from engine.step_failures import RequestsFailed, is_fatal
 from engine.worker.decode_graphs import DecodeGraphs, bucket_sizes
 from engine.worker.kernel_warmup import warm_up_triton
 from engine.worker.kv_cache import CacheLayout, KVCache
+from engine.worker.lora.adapter import load_adapter
+from engine.worker.lora.errors import LoraError, LoraNotFound
+from engine.worker.lora.registry import LoraRegistry
 from engine.worker.model_loader import DTYPES, load_model
 from engine.worker.model_runner import ModelRunner
+from engine.worker.models.spec import ModelSpec
 from engine.worker.native_layers import NativeLayers
 from engine.worker.sampler import Sampler
 from engine.worker.sampling_defaults import resolve_sampling_defaults
@@ -41,7 +47,7 @@ from pageserve_kernels.attention_launch import KernelVariant
 if TYPE_CHECKING:
     from engine.worker.parallel.leader import TensorParallelLeader
 from pageserve_kernels.dispatch import select_backend
-from shared.model_info import ModelInfo, SamplingDefault
+from shared.model_info import AdapterInfo, ModelInfo, SamplingDefault
 from shared.protocol import TokenLogprob
 
 
@@ -101,6 +107,9 @@ class EngineCore:
             self.runner.fast_forward = graphs
         elif backend.name == "torch" and not config.enforce_eager:
             self.runner.fast_forward = NativeLayers.build(loaded.model, self.kv_cache.layers, self.runner.attention)
+        self.loras = self._lora_registry(config, loaded.shape, dtype)
+        """--enable-lora: the adapters served on the base model; None: requests may not name one."""
+        self.runner.loras = self.loras
         defaults = resolve_sampling_defaults(loaded.path, loaded.name, config.default_sampling)
         self.model_info = ModelInfo(
             model_name=loaded.name,
@@ -112,10 +121,43 @@ class EngineCore:
             default_sampling=tuple(SamplingDefault(k, v) for k, v in defaults.items()),
         )
         """The one record of the model's facts: the server checks and announces it, Ready carries it."""
+        self._refresh_adapters()
         self.model_path: Path = loaded.path
         """The HF folder (`LLM` and the benchmarks load the tokenizer from it); engine-local, never sent."""
         self.dtype: str = loaded.dtype
         """The dtype it runs in ("auto" resolved)."""
+
+    @staticmethod
+    def _lora_registry(config: EngineConfig, spec: ModelSpec, dtype: torch.dtype) -> LoraRegistry | None:
+        lora = config.lora
+        if not lora.enabled:
+            return None
+        device = torch.device(config.model.device)
+        registry = LoraRegistry(lambda path, name, load_id: load_adapter(
+            path, name, spec, max_rank=lora.max_lora_rank, dtype=dtype, device=device, load_id=load_id),
+            lora.max_cpu_loras)
+        for name, path in lora.modules:
+            registry.load(name, path)
+        return registry
+
+    def load_lora(self, name: str, path: str) -> None:
+        """Load (or reload under a new load id) an adapter; LoraError (a 400) on a bad one."""
+        if self.loras is None:
+            raise LoraError("LoRA is not enabled on this engine (--enable-lora)")
+        self.loras.load(name, path)
+        self._refresh_adapters()
+
+    def unload_lora(self, name: str) -> None:
+        """New requests no longer find `name`; those already admitted finish on its weights."""
+        if self.loras is None:
+            raise LoraNotFound(f"the adapter {name!r} is not loaded")
+        self.loras.unload(name)
+        self._refresh_adapters()
+
+    def _refresh_adapters(self) -> None:
+        names = self.loras.names() if self.loras is not None else []
+        self.model_info = dataclasses.replace(self.model_info, adapters=tuple(
+            AdapterInfo(name, self.model_info.model_name) for name in names))
 
     def close(self) -> None:
         """Stop the tensor-parallel workers (also done at exit); nothing to do at size 1."""
@@ -128,6 +170,10 @@ class EngineCore:
             request.eos_token_id = self.model_info.eos_token_id
         if request.grammar is not None:
             self.structured.check(request.grammar)
+        if request.lora_name:  # resolved once: a later reload of the name never changes this request's weights
+            if self.loras is None:
+                raise LoraNotFound(f"the model {request.lora_name!r} does not exist")
+            request.lora_id = self.loras.resolve(request.lora_name)
         self.scheduler.add_request(request)
 
     def abort_requests(self, request_ids: Iterable[str]) -> list[RequestDelta]:
@@ -141,7 +187,10 @@ class EngineCore:
             began = time.perf_counter()
             result = self.runner.execute(out)
             self.scheduler.step_costs.observe(out, time.perf_counter() - began)
-            return with_prompt_logprobs(self.scheduler.update(out, result), result.prompt_logprobs)
+            deltas = with_prompt_logprobs(self.scheduler.update(out, result), result.prompt_logprobs)
+            if self.loras is not None and self.loras.needs_sweep():  # retired loads, weights over the cap
+                self.loras.sweep(r.lora_id for r in self.scheduler.placement().live)
+            return deltas
         except Exception as e:
             if is_fatal(e):
                 raise

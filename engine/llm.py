@@ -3,6 +3,8 @@
     llm = LLM(model="smollm2", dtype="float32")          # device="cuda" for a GPU
     results = llm.generate(["Hello", [1, 2, 3]], SamplingParams(max_tokens=32, temperature=0))
     results[0].text, results[0].token_ids, results[0].finish_reason
+    beams = llm.beam_search(["Hello"], BeamSearchParams(beam_width=4, max_tokens=16))
+    beams[0].outputs[0].text                               # the best beam; outputs are best first
 
 Prompts are strings (tokenized here) or token-id lists; results come back in
 prompt order. This wrapper owns the tokenizer; the EngineCore below it sees
@@ -15,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.config import CacheConfig, EngineConfig, ModelConfig
+from engine.config import CacheConfig, EngineConfig, LoraConfig, ModelConfig
 from engine.core import EngineCore
 from engine.request import Request
 from engine.scheduling.config import SchedulerConfig
@@ -61,6 +63,25 @@ class GenerationResult:
         return self.outputs[0].finish_reason
 
 
+@dataclass(frozen=True)
+class BeamSearchParams:
+    """vLLM's offline beam search parameters (plus transformers' early_stopping): `beam_width`
+    beams are kept each step and all of them returned, best first."""
+
+    beam_width: int
+    max_tokens: int
+    ignore_eos: bool = False
+    temperature: float = 0.0
+    """Only 0: the beams are ranked by the raw model distribution."""
+    length_penalty: float = 1.0
+    early_stopping: bool | str = False
+
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(n=self.beam_width, use_beam_search=True, max_tokens=self.max_tokens,
+                              ignore_eos=self.ignore_eos, temperature=self.temperature,
+                              length_penalty=self.length_penalty, early_stopping=self.early_stopping)
+
+
 class LLM:
     def __init__(
         self,
@@ -78,11 +99,13 @@ class LLM:
         device: str = "cpu",
         enforce_eager: bool = False,
         tensor_parallel_size: int = 1,
+        lora: LoraConfig | None = None,
     ) -> None:
         """`device`: where the weights and the KV cache live ("cpu", "cuda", "cuda:1"); "auto"
         attention then picks the Triton kernels on CUDA and the CPU kernels elsewhere.
         `enforce_eager`: decode steps through the Python layers (no CUDA graphs, no C++ layer loop on CPUs).
-        `tensor_parallel_size`: processes sharing every layer (engine/worker/parallel/); `close()` stops them."""
+        `tensor_parallel_size`: processes sharing every layer (engine/worker/parallel/); `close()` stops them.
+        `lora`: LoRA adapters (LoraConfig(enabled=True, modules=(("name", "/peft/folder"),)))."""
         cache_args: dict[str, Any] = {"block_size": block_size}
         if kv_cache_memory is not None:
             cache_args["kv_cache_memory"] = kv_cache_memory
@@ -95,6 +118,7 @@ class LLM:
             seed=seed,
             enforce_eager=enforce_eager,
             tensor_parallel_size=tensor_parallel_size,
+            lora=lora or LoraConfig(),
         )
         self.core = EngineCore(config)
         self._tokenizer: Any = None
@@ -130,9 +154,11 @@ class LLM:
         *,
         detokenize: bool = True,
         grammar: GrammarSpec | Sequence[GrammarSpec | None] | None = None,
+        lora: str | Sequence[str] = "",
     ) -> list[GenerationResult]:
         """Run every prompt to completion in one continuous batch; results in prompt order.
-        `grammar`: structured output for every prompt, or one spec (or None) per prompt."""
+        `grammar`: structured output for every prompt, or one spec (or None) per prompt.
+        `lora`: the adapter every prompt runs under, or one name per prompt ("": the base model)."""
         if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
         prompt_list = list(prompts)  # type: ignore[arg-type]
@@ -145,13 +171,16 @@ class LLM:
         grammars = list(grammar) if isinstance(grammar, Sequence) else [grammar] * len(prompt_list)
         if len(grammars) != len(prompt_list):
             raise ValueError(f"{len(grammars)} grammars for {len(prompt_list)} prompts")
+        loras = [lora] * len(prompt_list) if isinstance(lora, str) else list(lora)
+        if len(loras) != len(prompt_list):
+            raise ValueError(f"{len(loras)} adapter names for {len(prompt_list)} prompts")
         results: dict[str, GenerationResult] = {}
         order = []
-        for prompt, p, g in zip(prompt_list, param_list, grammars, strict=True):
+        for prompt, p, g, name in zip(prompt_list, param_list, grammars, loras, strict=True):
             ids = list(self.tokenizer.encode(prompt)) if isinstance(prompt, str) else list(prompt)
             rid = f"llm-{self._counter}"
             self._counter += 1
-            self.core.add_request(Request(rid, ids, p, arrival_time=0.0, grammar=g))
+            self.core.add_request(Request(rid, ids, p, arrival_time=0.0, grammar=g, lora_name=name))
             results[rid] = GenerationResult(rid, ids, [SampleOutput(i) for i in range(p.n)])
             order.append(rid)
         try:
@@ -164,6 +193,11 @@ class LLM:
                 for o in r.outputs:
                     o.text = self.tokenizer.decode(o.token_ids, skip_special_tokens=True)
         return [results[rid] for rid in order]
+
+    def beam_search(self, prompts: Prompt | Sequence[Prompt], params: BeamSearchParams,
+                    *, detokenize: bool = True) -> list[GenerationResult]:
+        """Beam search over each prompt (engine/scheduling/beam_group.py): outputs are the beams, best first."""
+        return self.generate(prompts, params.sampling(), detokenize=detokenize)
 
     def _run(self, results: dict[str, GenerationResult]) -> None:
         unfinished = sum(len(r.outputs) for r in results.values())

@@ -40,6 +40,8 @@ class ScheduledChunk:
     """Tokens generated so far (by reference): presence, frequency and repetition penalties."""
     grammar: GrammarSpec | None = None
     """The request's structured-output grammar: its sampled rows are masked to it."""
+    lora_id: int = 0
+    """The LoRA adapter load its rows run under (engine/worker/lora/registry.py); 0: the base model."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,9 @@ class RunnerOutput:
     """request_id -> the sampled token's logprobs, for requests that asked for them."""
     prompt_logprobs: dict[str, list[TokenLogprob]] = field(default_factory=dict)
     """request_id -> its prompt's logprobs (tokens 1..), on the step that finished its prompt."""
+    beam_candidates: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    """request_id -> the 2 x width most likely next tokens with their raw logprobs, best first,
+    for beam-search rows only (engine/scheduling/beam_group.py expands the beams from them)."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +106,8 @@ class RequestDelta:
     None until the request was first scheduled."""
     prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
     """On the first delta of a request that asked for prompt_logprobs: one per prompt token after the first."""
+    num_unreturned_tokens: int = 0
+    """best_of > n: tokens the candidates that were not returned generated (usage counts them)."""
 
     @property
     def finished(self) -> bool:

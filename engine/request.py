@@ -47,6 +47,11 @@ class Request:
     eos_token_id: int | None = None
     grammar: GrammarSpec | None = None
     """Structured output: every sampled token obeys this grammar (engine/worker/structured_outputs.py)."""
+    lora_name: str = ""
+    """The LoRA adapter the client asked for by name ("": the base model)."""
+    lora_id: int = 0
+    """The adapter load it runs under, resolved once at admission (EngineCore.add_request): a reload of
+    the name never changes it. 0: the base model."""
 
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
@@ -56,6 +61,12 @@ class Request:
     block_ids: list[int] = field(default_factory=list)
     """This request's block table: logical block i lives in physical block block_ids[i]."""
     status: RequestStatus = RequestStatus.WAITING
+
+    @property
+    def adapter_key(self) -> str:
+        """The adapter's part of every block hash: name and load, so that no KV block computed under one
+        adapter (or an earlier load of the same name) is reused under another; "" for the base model."""
+        return f"{self.lora_name}#{self.lora_id}" if self.lora_id else ""
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -17,6 +17,7 @@ A request's path through the package:
     body.py          bytes -> JSON object: content type, size limit, strict JSON, or 4xx
     request_fields.py which top-level fields are honoured, refused unless neutral, or ignored (vLLM's policy)
     schemas.py       body checked field by field -> the sampling fields it set + stop strings, or 400 naming the param
+    validation_errors.py  pydantic's errors -> a 400 naming the field (never its value)
     output_options.py  vLLM's prompt/text options (stop string kept, special tokens, bad_words, truncation,
                      echo, chat template options)
     response_format.py  response_format / structured_outputs / guided_* -> GrammarSpec (schema meta-checked)

@@ -25,12 +25,20 @@ from typing import Protocol
 
 from gateway.detokenizer import IncrementalDetokenizer, Tokenizer
 from gateway.engine_client import EngineDeadError, EngineError, RequestFailedError
-from gateway.errors import APIError, EngineUnavailable, InternalError, InvalidRequest
+from gateway.errors import APIError, EngineUnavailable, InternalError, InvalidRequest, NotFound
 from gateway.logprobs import LogprobEntry, TokenTexts
 from gateway.output_options import OutputOptions
 from gateway.stop_strings import StopStringMatcher
 from gateway.tenancy.admission import Principal, Ticket
-from shared.protocol import DEADLINE_EXCEEDED, REQUEST_FAILED, AddRequest, Finished, TokenDelta, TokenLogprob
+from shared.protocol import (
+    DEADLINE_EXCEEDED,
+    MODEL_NOT_FOUND,
+    REQUEST_FAILED,
+    AddRequest,
+    Finished,
+    TokenDelta,
+    TokenLogprob,
+)
 from shared.sampling import SamplingParams
 from shared.structured import GrammarSpec
 
@@ -125,6 +133,8 @@ class Generation:
     """Told of token arrivals and the end (metrics and the access log); None in unit tests."""
     grammar: GrammarSpec | None = None
     """Structured output the engine constrains every sample to."""
+    lora_name: str = ""
+    """The LoRA adapter the body's `model` named ("": the base model)."""
     options: OutputOptions = OutputOptions()
     """vLLM's text options (special tokens, stop string kept, prompt only)."""
     prompt_logprobs: list[TokenLogprob] = field(init=False, default_factory=list)
@@ -173,6 +183,7 @@ class Generation:
             weight=self.caller.weight,
             cache_salt=self.caller.cache_salt,
             grammar=self.grammar,
+            lora_name=self.lora_name,
         )
         try:
             self._stream = await engine.submit(request)
@@ -194,6 +205,9 @@ class Generation:
                     return
         except EngineError as e:
             self.failed = True
+            if isinstance(e, RequestFailedError) and e.code == MODEL_NOT_FOUND:  # unloaded since Ready: as unknown
+                raise NotFound(f"the model {self.lora_name[:128]!r} does not exist", param="model",
+                               code="model_not_found") from None
             if (isinstance(e, RequestFailedError) and e.code not in (REQUEST_FAILED, DEADLINE_EXCEEDED)
                     and self.usage.completion_tokens == 0):
                 # Refused before any output: the engine's admission checks (request_checks.py)
@@ -228,7 +242,7 @@ class Generation:
 
     def _text_deltas(self, sample: _Sample, item: TokenDelta) -> list[ChoiceDelta]:
         self.usage.cached_tokens = item.num_cached_tokens
-        self.usage.completion_tokens += len(item.new_token_ids)
+        self.usage.completion_tokens += len(item.new_token_ids) + item.num_unreturned_tokens  # best_of: all candidates
         if self.observer is not None:
             self.observer.on_tokens(len(item.new_token_ids))
         text = sample.detok.push(item.new_token_ids)

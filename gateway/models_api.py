@@ -17,6 +17,7 @@ from starlette.responses import JSONResponse, Response
 from gateway.auth import authenticate
 from gateway.state import GatewayState, get_state
 from gateway.tenancy.model_access import ServedModel
+from shared.model_info import ModelInfo
 
 
 def model_object(state: GatewayState, model: ServedModel) -> dict[str, Any]:
@@ -25,6 +26,11 @@ def model_object(state: GatewayState, model: ServedModel) -> dict[str, Any]:
     if model.parent is not None:
         obj["parent"] = model.parent  # a LoRA adapter: the base model it runs on
     return obj
+
+
+def lora_name_for(info: ModelInfo, model: str) -> str:
+    """The adapter a resolved model id names on the engine serving it ("" for a base model)."""
+    return model if any(a.name == model for a in info.adapters) else ""
 
 
 async def list_models(request: Request) -> Response:

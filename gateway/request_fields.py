@@ -32,10 +32,7 @@ REFUSED_UNLESS_NEUTRAL: dict[str, tuple[Any, ...]] = {
     "prediction": (),
     "web_search_options": (),
     "suffix": ("",),
-    "best_of": (1,),
     # vLLM's extensions that change the tokens, the prompt or the response body.
-    "use_beam_search": (False,),
-    "length_penalty": (1, 1.0),
     "watermarking": (False,),
     "logprob_token_ids": (),
     "documents": (),

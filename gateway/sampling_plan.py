@@ -8,7 +8,7 @@
 configured completion default, capped by the room; the engine's announced
 defaults fill the fields the body left out; then the one `SamplingParams` is
 built, so none ever exists with a placeholder max_tokens. The reservation is
-n x max_tokens, or n x admission's cap for a max_tokens the client did not give
+best_of (or n) x max_tokens, or that many x admission's cap for a max_tokens the client did not give
 (a chat default can be the whole context). Raises InvalidRequest (400 naming the
 body field) before any quota is touched. Knows nothing about HTTP or Redis.
 """
@@ -61,7 +61,7 @@ def decide_sampling(endpoint: Endpoint, settings: GenerationSettings, num_prompt
     per_sample = max_tokens
     if settings.max_tokens is None and limits.reservation_cap is not None:
         per_sample = min(per_sample, limits.reservation_cap)
-    return DecidedSampling(sampling, sampling.n * per_sample)
+    return DecidedSampling(sampling, sampling.num_candidates * per_sample)  # best_of: every candidate generates
 
 
 def _default_max_tokens(endpoint: Endpoint, num_prompt_tokens: int, info: ModelInfo, limits: OutputLimits) -> int:

@@ -16,7 +16,6 @@ tokenizer or the model (prompt length vs context, vocabulary) are checked by the
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -29,6 +28,7 @@ from gateway.output_options import OutputOptions, TemplateOptions, allowed_ids
 from gateway.request_fields import split_fields
 from gateway.response_format import STRUCTURED_FIELDS, grammar_from_body
 from gateway.tools import ToolPlan, plan_tools
+from gateway.validation_errors import invalid_request
 from shared.sampling import MAX_LOGPROBS
 from shared.structured import GrammarSpec
 
@@ -84,6 +84,10 @@ class _Body(BaseModel):
     min_p: float | None = None
     logit_bias: dict[str, float] | None = None
     """Token id (as a string, as JSON keys are) -> bias in [-100, 100]."""
+    best_of: Annotated[int, Field(ge=1, le=INT32_MAX), WHOLE] | None = None
+    use_beam_search: bool | None = None
+    length_penalty: float | None = None
+    early_stopping: bool | Literal["never"] | None = None
     # Structured outputs (gateway/response_format.py checks their insides and names the bad field).
     response_format: dict[str, Any] | None = None
     structured_outputs: dict[str, Any] | None = None
@@ -300,31 +304,6 @@ def _validate(model: type[_B], body: dict[str, Any], endpoint: str) -> _B:
         raise invalid_request(e) from None
 
 
-def invalid_request(e: ValidationError) -> InvalidRequest:
-    """pydantic's first error as a 400 naming the field (never echoing the value)."""
-    err = e.errors(include_input=False, include_url=False)[0]
-    param = _param_name(err["loc"])
-    if err["type"] == "extra_forbidden":
-        return InvalidRequest(f"unsupported parameter: {param}", param=param, code="unsupported_parameter")
-    if err["type"] == "missing":
-        return InvalidRequest(f"missing required parameter: {param}", param=param, code="missing_parameter")
-    return InvalidRequest(f"invalid value for {param}: {err['msg']}", param=param, code="invalid_value")
-
-
-_UNION_TAG = re.compile(r"[\[\]-]|^(str|int|float|bool|list|dict)$")
-
-
-def _param_name(loc: tuple[int | str, ...]) -> str:
-    """('messages', 0, 'content', 'str') -> 'messages[0].content'; union branch tags dropped."""
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif not _UNION_TAG.search(part):
-            out += f".{part}" if out else part
-    return (out or "body")[:128]  # a nested key is the client's text: bounded
-
-
 def _settings(parsed: _Body, max_tokens: int | None, max_param: str, logprobs: int | None) -> GenerationSettings:
     stop = _stop_strings(parsed.stop)
     if parsed.stream_options is not None and not parsed.stream:
@@ -345,9 +324,15 @@ def _settings(parsed: _Body, max_tokens: int | None, max_param: str, logprobs: i
             "min_p": parsed.min_p,
             "logprobs": logprobs,
             "prompt_logprobs": parsed.prompt_logprobs,
+            "best_of": parsed.best_of,
+            "use_beam_search": parsed.use_beam_search,
+            "length_penalty": parsed.length_penalty,
+            "early_stopping": parsed.early_stopping,
         }.items()
         if v is not None
     }
+    if parsed.use_beam_search and parsed.temperature is None:
+        fields["temperature"] = 0.0  # beam search is greedy; only an explicit temperature > 0 is refused
     if parsed.stop_token_ids is not None:
         fields["stop_token_ids"] = tuple(parsed.stop_token_ids)
     if parsed.logit_bias is not None:

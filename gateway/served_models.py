@@ -27,6 +27,7 @@ from typing import Any
 from gateway.config import ModelsConfig
 from gateway.errors import EngineUnavailable, NotFound
 from gateway.prompts import Prompts
+from gateway.replicas.router import announced_adapters
 from gateway.tenancy.model_access import (
     Announcement,
     Catalog,
@@ -61,7 +62,8 @@ class ServedModels:
         else:
             client = engine.client
             info = client.model_info if client is not None else None
-            announced = [] if info is None else [Announcement(info.model_name, True, info.max_model_len)]
+            announced = [] if info is None else [Announcement(info.model_name, True, info.max_model_len,
+                                                              announced_adapters(info))]
             registered = []
         bases = {a.model for a in announced}
         if len(self._prompts) == 1 and len(bases) == 1:  # one model (one engine or replicas): its spec names it

@@ -29,6 +29,7 @@ from gateway.auth import admit
 from gateway.errors import APIError, InternalError
 from gateway.generation import Generation
 from gateway.logprobs import LogprobEntry, TokenTexts
+from gateway.models_api import lora_name_for
 from gateway.openai_format import Endpoint, ResponseFormat, id_prefix
 from gateway.output_options import bad_words_token_ids, truncate_prompt
 from gateway.prompt_echo import echo_choice, echo_logprobs, prompt_fields, prompt_logprobs_body
@@ -125,6 +126,18 @@ class Responder(Protocol):
         ...
 
 
+def _response_format(plan: Plan, record: RequestRecord | None,
+                     responder: Responder | None) -> tuple[ResponseFormat, str]:
+    """The response's id and shape, and the LoRA adapter the body's model names ("": the base model,
+    whose name responses echo; an adapter's name is echoed instead)."""
+    settings = plan.settings
+    prefix = responder.id_prefix if responder is not None else id_prefix(plan.endpoint)
+    request_id = record.engine_id(prefix) if record is not None else prefix + uuid.uuid4().hex
+    lora_name = lora_name_for(plan.engine.model_info, plan.model_id or settings.model)  # after aliases
+    return ResponseFormat(plan.endpoint, request_id, lora_name or plan.engine.model_info.model_name,
+                          settings.include_usage, settings.continuous_usage), lora_name
+
+
 async def serve(request: Request, state: GatewayState, plan: Plan, key: str,
                 responder: Responder | None = None) -> ASGIApp:
     """Admit (key and quota: one Redis round trip), submit, then stream or answer whole, in OpenAI's
@@ -134,10 +147,8 @@ async def serve(request: Request, state: GatewayState, plan: Plan, key: str,
     """
     settings = plan.settings
     record = record_of(request)
-    prefix = responder.id_prefix if responder is not None else id_prefix(plan.endpoint)
-    request_id = record.engine_id(prefix) if record is not None else prefix + uuid.uuid4().hex
-    fmt = ResponseFormat(plan.endpoint, request_id, plan.engine.model_info.model_name, settings.include_usage,
-                         settings.continuous_usage)
+    fmt, lora_name = _response_format(plan, record, responder)
+    request_id = fmt.request_id
     caller, ticket = await _admit(state, plan, key, record)
     if record is not None:
         record.tenant, record.model_name = caller.tenant, fmt.model
@@ -154,6 +165,7 @@ async def serve(request: Request, state: GatewayState, plan: Plan, key: str,
             observer=record,
             grammar=settings.grammar,
             options=settings.output,
+            lora_name=lora_name,
         )
     except BaseException:
         if ticket is not None:

@@ -23,9 +23,10 @@ from gateway.auth import bearer_key, check_key_first
 from gateway.body import read_json_object
 from gateway.prompts import Prompts
 from gateway.request_fields import split_fields
-from gateway.schemas import ChatMessage, TokenId, flatten_messages, invalid_request
+from gateway.schemas import ChatMessage, TokenId, flatten_messages
 from gateway.state import GatewayState, get_state
 from gateway.tenancy.store import AuthContext
+from gateway.validation_errors import invalid_request
 
 
 class _Strict(BaseModel):

@@ -12,7 +12,7 @@ dropped from the index. Only the format lives here; no Redis client, no I/O.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,8 @@ class EngineRecord:
     max_model_len: int
     pid: int
     host: str
+    adapters: list[dict[str, str]] = field(default_factory=list)
+    """LoRA adapters served on `model`: [{"name", "parent"}] (vLLM's /v1/models shape); absent: none."""
 
 
 def index_key(prefix: str) -> str:
@@ -43,6 +45,10 @@ def decode_record(raw: str | bytes) -> EngineRecord | None:
     """None for anything that is not a record (a foreign or older writer): it is ignored."""
     try:
         data = json.loads(raw)
-        return EngineRecord(**{k: data[k] for k in EngineRecord.__dataclass_fields__})
+        required = [k for k in EngineRecord.__dataclass_fields__ if k != "adapters"]
+        adapters = data.get("adapters", [])
+        if not isinstance(adapters, list):
+            return None
+        return EngineRecord(**{k: data[k] for k in required}, adapters=adapters)
     except (ValueError, TypeError, KeyError):
         return None

@@ -26,6 +26,14 @@ class SamplingDefault:
 
 
 @dataclass(frozen=True)
+class AdapterInfo:
+    """A LoRA adapter the engine serves on its base model (vLLM's /v1/models: `parent` is the base)."""
+
+    name: str
+    parent: str
+
+
+@dataclass(frozen=True)
 class ModelInfo:
     """The loaded model and its KV cache, as gateways and the engine's admission see them."""
 
@@ -42,6 +50,8 @@ class ModelInfo:
     """Sampling values for fields a request leaves out: the model's generation_config.json,
     overridden by the engine's --default-sampling flag (engine/worker/sampling_defaults.py).
     The gateway fills them in."""
+    adapters: tuple[AdapterInfo, ...] = ()
+    """LoRA adapters a request's `model` may name instead of model_name (--enable-lora --lora-modules)."""
 
     def sampling_defaults(self) -> dict[str, float]:
         """default_sampling as SamplingParams.with_defaults takes it."""

@@ -77,6 +77,17 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     """None: none. k >= 0: each prompt token's logprob (the first has none) and the k most likely
     tokens at its position, from the prompt step's own logits (raw distribution, as `logprobs`)."""
+    best_of: int | None = None
+    """Candidates generated (None: n); the n with the highest cumulative log probability are
+    returned. With beam search: the beam width."""
+    use_beam_search: bool = False
+    """vLLM's: keep the `best_of or n` most likely continuations every step (greedy only);
+    engine/scheduling/beam_group.py."""
+    length_penalty: float = 1.0
+    """Beam search: a finished beam scores sum(logprobs) / len**length_penalty (len: generated tokens)."""
+    early_stopping: bool | str = False
+    """Beam search (transformers' rule): True stops once `width` beams finished; False stops when a
+    heuristic says no running beam can do better; "never" when none can at any length."""
 
     def __post_init__(self) -> None:
         self._check_ranges()
@@ -98,6 +109,7 @@ class SamplingParams:
         if self.seed is not None and not isinstance(self.seed, int):
             raise SamplingError("seed", "seed must be an integer")
         self._check_penalties()
+        self._check_candidates()
         for name in ("logprobs", "prompt_logprobs"):
             k = getattr(self, name)
             if k is not None and not (isinstance(k, int) and 0 <= k <= MAX_LOGPROBS):
@@ -118,6 +130,47 @@ class SamplingParams:
                 raise SamplingError("logit_bias", f"logit_bias keys must be token ids (non-negative), got {token_id}")
             if not -100.0 <= bias <= 100.0:
                 raise SamplingError("logit_bias", f"logit_bias values must be between -100 and 100, got {bias}")
+
+    def _check_candidates(self) -> None:
+        """best_of and beam search, with vLLM's (V0) rules for what combines with them."""
+        if self.best_of is not None and not (isinstance(self.best_of, int) and self.n <= self.best_of <= 16):
+            raise SamplingError("best_of", "best_of must be an integer between n and 16")
+        if self.early_stopping not in (True, False, "never"):
+            raise SamplingError("early_stopping", 'early_stopping must be true, false or "never"')
+        if not -10.0 <= self.length_penalty <= 10.0:
+            raise SamplingError("length_penalty", "length_penalty must be between -10 and 10")
+        if self.prompt_logprobs is not None and (self.use_beam_search or self.num_candidates > self.n):
+            # Such groups stream nothing until the end: the prompt step's delta that carries the
+            # prompt logprobs (engine/core.py's with_prompt_logprobs) never exists.
+            raise SamplingError("prompt_logprobs", "prompt_logprobs is not supported with best_of > n or beam search")
+        if not self.use_beam_search:
+            if self.length_penalty != 1.0:
+                raise SamplingError("length_penalty", "length_penalty is used only with use_beam_search")
+            if self.early_stopping is not False:
+                raise SamplingError("early_stopping", "early_stopping is used only with use_beam_search")
+            return
+        if not self.greedy:
+            raise SamplingError("temperature", "beam search needs temperature 0")
+        # The beams rank the raw distribution (engine/worker/logprobs.py): nothing that reshapes it,
+        # and no min_tokens (it would need stop tokens masked among the candidates).
+        for name, off in (("top_p", 1.0), ("top_k", 0), ("min_p", 0.0), ("logprobs", None), ("min_tokens", 0),
+                          ("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("repetition_penalty", 1.0)):
+            if getattr(self, name) != off:
+                raise SamplingError(name, f"{name} is not supported with beam search")
+        for name in ("logit_bias", "allowed_token_ids", "bad_words_token_ids"):
+            if getattr(self, name):
+                param = "bad_words" if name == "bad_words_token_ids" else name
+                raise SamplingError(param, f"{param} is not supported with beam search")
+
+    @property
+    def num_candidates(self) -> int:
+        """Sequences generated for the request: best_of (or n); with beam search, the beam width."""
+        return self.best_of or self.n
+
+    @property
+    def beam_width(self) -> int:
+        """0 unless beam search: then the beams kept each step."""
+        return self.num_candidates if self.use_beam_search else 0
 
     def check_vocabulary(self, vocab_size: int) -> None:
         """Token ids this request names must exist in the model's vocabulary."""
@@ -197,6 +250,7 @@ class SamplingParams:
 _DEFAULTS: dict[str, Any] = {
     "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0, "min_p": 0.0,
     "logit_bias": [], "logprobs": None, "allowed_token_ids": [], "bad_words_token_ids": [], "prompt_logprobs": None,
+    "best_of": None, "use_beam_search": False, "length_penalty": 1.0, "early_stopping": False,
 }
 """The wire form of the fields `to_dict` leaves out at these values."""
 _OPTIONAL_ON_WIRE = tuple(_DEFAULTS)

@@ -1,6 +1,6 @@
 """A msgpack codec for frozen dataclasses: each message is the array [tag, *fields].
 
-Each field's annotation (int, float, str, bool, Literal, X | None, list/tuple of
+Each field's annotation (int, float, str, bool, Literal, X | None, a union of scalars, list/tuple of
 those, nested dataclasses, SamplingParams) is compiled once into a checker and
 an encoder. Checkers take only the value: the path of a bad value
 ("AddRequest.sampling.top_k") is assembled while a `_Bad` propagates, so valid
@@ -97,6 +97,22 @@ def _list_checker(item: Check, item_type: Any, conv: type) -> Check:
     return check
 
 
+def _scalar_union(options: list[Any], nullable: bool) -> Check:
+    checks = [_SCALARS[o] for o in options]
+
+    def check_union(v: Any) -> Any:
+        if v is None and nullable:
+            return None
+        for check in checks:
+            try:
+                return check(v)
+            except _Bad:
+                pass
+        raise _expected(" | ".join(o.__name__ for o in options), v)
+
+    return check_union
+
+
 def _compile(tp: Any) -> tuple[Check, Encode]:
     """Build the checker and encoder for one annotated type."""
     if tp in _SCALARS:
@@ -112,7 +128,10 @@ def _compile(tp: Any) -> tuple[Check, Encode]:
 
         return check_literal, None
     if origin in (Union, types.UnionType):
-        inner, enc = _compile(next(a for a in args if a is not type(None)))
+        options = [a for a in args if a is not type(None)]
+        if len(options) > 1:  # scalars only (SamplingParams.early_stopping: bool | str)
+            return _scalar_union(options, len(options) < len(args)), None
+        inner, enc = _compile(options[0])
         return (lambda v: None if v is None else inner(v)), (None if enc is None else
                                                               lambda v: None if v is None else enc(v))
     if origin is tuple and len(args) > 1 and args[1] is not Ellipsis:

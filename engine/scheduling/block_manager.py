@@ -99,7 +99,7 @@ class BlockManager:
         bs, tokens = self.block_size, req.all_token_ids
         for i in range(len(hashes), len(tokens) // bs):
             parent = hashes[i - 1] if i else None
-            hashes.append(hash_block(parent, req.cache_salt, tokens[i * bs : (i + 1) * bs]))
+            hashes.append(hash_block(parent, req.cache_salt, tokens[i * bs : (i + 1) * bs], req.adapter_key))
         return hashes
 
     def find_prefix(self, req: Request) -> PrefixHit:
@@ -198,7 +198,7 @@ class BlockManager:
             self.device.take(block)
         self._tables[child.request_id] = list(shared)
         child.block_ids = [b.block_id for b in shared]
-        if child.cache_salt == parent.cache_salt:
+        if child.cache_salt == parent.cache_salt and child.adapter_key == parent.adapter_key:
             n_prompt_blocks = child.num_prompt_tokens // self.block_size
             self._hashes[child.request_id] = list(self.block_hashes(parent)[:n_prompt_blocks])
 

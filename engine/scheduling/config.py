@@ -65,7 +65,18 @@ class SchedulerConfig:
     of them to drain the backlog within about this many seconds, TTFT bought with longer steps
     (StepCosts.backlog_drain_s). 0: off."""
 
+    max_loras: int = 4
+    """Distinct LoRA adapters among the running requests, so in any step (base requests not counted).
+    A queued request whose adapter cannot join is skipped, not a reason to stop admitting others."""
+    lora_drain_s: float = 5.0
+    """A request skipped for its adapter this long makes the scheduler drain: no more requests of the
+    running adapters are admitted until its adapter fits, so no adapter waits forever."""
+
     def __post_init__(self) -> None:
+        if self.max_loras < 1:
+            raise ValueError("max_loras must be at least 1")
+        if self.lora_drain_s < 0:
+            raise ValueError("lora_drain_s must be non-negative")
         if self.max_num_seqs < 1:
             raise ValueError("max_num_seqs must be at least 1")
         if self.max_num_batched_tokens < 1:

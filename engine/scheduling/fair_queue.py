@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from engine.request import Request
@@ -72,14 +72,20 @@ class FairQueue:
             self._vtime[tenant] = max(self._vtime.get(tenant, 0.0), floor)
         self._backlog[tenant] = self._backlog.get(tenant, 0) + 1
 
-    def peek(self, now: float) -> Request | None:
+    def peek(self, now: float, eligible: Callable[[Request], bool] | None = None) -> Request | None:
+        """The next request to admit; with `eligible`, the first in order that it accepts (a request
+        refused for its LoRA adapter is looked past: engine/scheduling/lora_gate.py). The heads are
+        tried first; only when the best head is refused are the classes searched in order."""
         best: tuple[tuple[float, ...], Request] | None = None
         for heap in self._classes.values():
             entry = heap[0]
             key = self._order_key(entry, now)
             if best is None or key < best[0]:
                 best = (key, entry.req)
-        return None if best is None else best[1]
+        if best is None or eligible is None or eligible(best[1]):
+            return None if best is None else best[1]
+        ordered = sorted((self._order_key(e, now), e.seq, e.req) for heap in self._classes.values() for e in heap)
+        return next((req for _, _, req in ordered if eligible(req)), None)
 
     def level(self, req: Request, now: float) -> int:
         """Effective priority level of a queued request (aging applied)."""

@@ -75,14 +75,21 @@ def check_capacity(
             "and at least one must remain for the output",
             "prompt",
         )
-    if req.sampling.n > config.max_num_seqs:
-        raise RequestRejected(f"n={req.sampling.n} exceeds max_num_seqs={config.max_num_seqs}", "n")
+    if req.sampling.num_candidates > config.max_num_seqs:
+        param = "n" if req.sampling.best_of is None else "best_of"
+        raise RequestRejected(f"{param}={req.sampling.num_candidates} exceeds max_num_seqs={config.max_num_seqs}",
+                              param)
+    if req.sampling.use_beam_search and req.grammar is not None:
+        raise RequestRejected("beam search with a response format or tools is not supported", "use_beam_search")
     # KV is needed for every token but the last one sampled; one sample must fit alone.
     most = min(req.num_prompt_tokens + req.sampling.max_tokens, config.max_model_len) - 1
-    if blocks_for(most) > num_device_blocks:
-        raise RequestRejected(
-            f"the request may need {blocks_for(most)} KV blocks; the cache has {num_device_blocks}", "max_tokens"
-        )
+    need = blocks_for(most)
+    if req.sampling.use_beam_search:  # the beams run together, sharing at least the prompt's full blocks
+        shared = blocks_for(req.num_prompt_tokens) - 1
+        need = shared + req.sampling.beam_width * (need - shared)
+    if need > num_device_blocks:
+        raise RequestRejected(f"the request may need {need} KV blocks; the cache has {num_device_blocks}",
+                              "max_tokens")
 
 
 def _check_ids(ids: Sequence[int], vocab_size: int, param: str) -> None:

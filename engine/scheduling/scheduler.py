@@ -21,14 +21,18 @@ from collections.abc import Callable
 
 from engine.outputs import RequestDelta, RunnerOutput, SchedulerOutput
 from engine.request import Request, RequestStatus
+from engine.scheduling import sample_group as groups
 from engine.scheduling.block_manager import BlockManager, BlockPairs
 from engine.scheduling.checks import Placement, check_placement
 from engine.scheduling.config import SchedulerConfig, SchedulerStats
 from engine.scheduling.counters import Counters
 from engine.scheduling.fair_queue import FairQueue, aged_level
+from engine.scheduling.group_steps import GroupSteps
+from engine.scheduling.lora_gate import LoraGate
 from engine.scheduling.preemption import pick_victim, plan_room, preempt_kind, victim_order
 from engine.scheduling.request_checks import RequestRejected, validate_request
-from engine.scheduling.sample_group import SampleGroup, SampleState, make_delta, sample_ids, split_samples
+from engine.scheduling.sample_group import SampleGroup, SampleState, sample_ids, split_samples
+from engine.scheduling.seats import Seats
 from engine.scheduling.step_builder import StepBuilder, serving_prefill_budget
 from engine.scheduling.step_cost import StepCosts
 from engine.scheduling.stop_conditions import finish_status
@@ -58,6 +62,7 @@ class Scheduler:
         self.waiting = FairQueue(config.policy, config.aging_rate)
         self.running: list[Request] = []
         self.swapped: list[Request] = []
+        self.loras = LoraGate(config.max_loras, config.lora_drain_s)
         self._clock = clock
         self._live: dict[str, SampleState] = {}  # internal id -> a live sample's bookkeeping
         self._groups: dict[str, SampleGroup] = {}  # client id -> its samples
@@ -66,12 +71,15 @@ class Scheduler:
         self._finished_ids: list[str] = []
         self._counters = Counters()
         self.step_costs = StepCosts(config.prefill_stall_factor, config.prefill_backlog_drain_s)  # EngineCore feeds it
+        self.groups = GroupSteps(self.bm, self._live, self.running, self._forking, self._finish, self._level_of,
+                                 config.max_model_len)
+        self.seats = Seats(config.max_num_seqs, self.running, self._live, self._forking)
 
     # -- requests in and out -------------------------------------------------------------
 
     def add_request(self, req: Request) -> None:
         """Queue a request; n > 1 is split into n samples sharing the prompt's blocks."""
-        ids = [req.request_id] if req.sampling.n == 1 else sample_ids(req)
+        ids = sample_ids(req)
         if req.request_id in self._groups or any(i in self._live for i in ids):
             raise RequestRejected(f"request id {req.request_id!r} is already in use")
         validate_request(req, self.config, self.bm.blocks_for, self.bm.device.num_blocks, self.vocab_size)
@@ -93,9 +101,10 @@ class Scheduler:
             group = self._groups.get(client_id)
             if group is None:
                 continue
-            for sample in group.live:
+            aborted = group.live
+            for sample in aborted:
                 self._finish(sample, RequestStatus.FINISHED_ABORTED)
-                deltas.append(make_delta(sample, [], group, group.samples.index(sample)))
+            deltas += groups.abort_deltas(group, aborted)
         return deltas
 
     def fail_step(self, out: SchedulerOutput) -> list[str]:
@@ -117,6 +126,7 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         now = self._clock()
         self.bm.end_step()
+        self.loras.begin_step(self.running, now)
         step = StepBuilder(budget=self.config.max_num_batched_tokens, chunk_cap=self.config.long_prefill_token_threshold,
                            prefill_budget=serving_prefill_budget(self.config, self.running, self.waiting,
                                                                  self.step_costs, now, self._live))
@@ -140,16 +150,18 @@ class Scheduler:
             req = state.req
             if not chunk.sample:
                 continue
+            if state.group.beam is not None:
+                deltas += self.groups.report(state, runner_output.beam_candidates.get(chunk.request_id))
+                continue
             token = runner_output.sampled_token_ids.get(chunk.request_id)
             if token is None:
                 raise RuntimeError(f"the runner sampled no token for {chunk.request_id}")
             req.output_token_ids.append(token)
-            self._fork_pending(state)
+            self.groups.fork_pending(state)
             status = finish_status(req, self.config.max_model_len)
             if status is not None:
                 self._finish(req, status)
-            logprob = runner_output.logprobs.get(chunk.request_id)
-            deltas.append(make_delta(req, [token], state.group, state.index, None if logprob is None else [logprob]))
+            deltas += groups.token_deltas(state, token, runner_output.logprobs.get(chunk.request_id))
         return deltas
 
     def _schedule_running(self, step: StepBuilder) -> bool:
@@ -159,19 +171,20 @@ class Scheduler:
         queue = sorted(self.running, key=self._urgency)
         while queue and step.budget > 0:
             req = queue.pop(0)
+            if self.groups.parked(req):
+                continue  # its candidates wait for its sibling beams'
             num_new = self._num_new_tokens(req, 0, step)
             if num_new == 0:
                 continue  # a prompt chunk over the serving prefill budget: next step
-            copies = self.bm.allocate(req, num_new)
+            copies = self.bm.allocate(req, num_new, reserve=self.groups.sibling_blocks(req, queue))
             while copies is None:
                 victim = pick_victim(queue, self._level_of, self._seq_of) or req
-                if victim is not req:
-                    queue.remove(victim)
-                self._preempt(victim, step, urgent=False)
+                gone = self._preempt(victim, step, urgent=False)
+                queue = [r for r in queue if r not in gone]
                 preempted = True
-                if victim is req:
+                if req in gone:
                     break
-                copies = self.bm.allocate(req, num_new)
+                copies = self.bm.allocate(req, num_new, reserve=self.groups.sibling_blocks(req, queue))
             if copies is not None:
                 self._emit(req, num_new, copies, step)
         return preempted
@@ -179,18 +192,22 @@ class Scheduler:
     def _schedule_queued(self, now: float, step: StepBuilder) -> None:
         """Resume swapped requests and admit waiting ones, most urgent first."""
         while step.budget > 0:
-            swapped = min(
-                self.swapped, key=lambda r: (self._queued_level(r, now), self._seq_of(r)), default=None
-            )
-            waiting = self.waiting.peek(now)
+            swapped = min((r for r in self.swapped if self._may_join(r)),
+                          key=lambda r: (self._queued_level(r, now), self._seq_of(r)), default=None)
+            waiting = self.waiting.peek(now, self._may_join)
             if swapped is not None and (waiting is None or self._resume_first(swapped, waiting, now)):
-                if not self._has_seats(swapped) or not self._resume(swapped, step):
+                if not self.seats.available_for(swapped) or not self._resume(swapped, step):
                     return
             elif waiting is not None:
-                if not self._has_seats(waiting) or not self._admit(waiting, step):
+                if not self.seats.available_for(waiting) or not self._admit(waiting, step):
                     return
             else:
                 return
+
+    def _may_join(self, req: Request) -> bool:
+        """The LoRA gate's rule, except for a beam whose group already runs: it must come back
+        (its parked siblings wait for it), so a drain never splits a group it would then wait on."""
+        return self.groups.rejoins(req) or self.loras.admits(req)
 
     def _resume_first(self, swapped: Request, waiting: Request, now: float) -> bool:
         if self.config.policy != "priority":
@@ -198,11 +215,13 @@ class Scheduler:
         return self._queued_level(swapped, now) <= self.waiting.level(waiting, now)
 
     def _resume(self, req: Request, step: StepBuilder) -> bool:
-        num_new = self._num_new_tokens(req, 0, step)
-        if num_new == 0:
+        parked = self.groups.parked(req)  # its KV is complete: it comes back to wait for its siblings
+        num_new = 0 if parked else self._num_new_tokens(req, 0, step)
+        if num_new == 0 and not parked:
             return False
         after = self.bm.blocks_for(req.num_computed_tokens + num_new) - self.bm.num_swapped_blocks(req)
-        pairs = self.bm.swap_in(req, reserve=after + self._watermark(self.config.swap_in_watermark))
+        watermark = self._watermark(self.config.swap_in_watermark)
+        pairs = self.bm.swap_in(req, reserve=after + self.groups.queued_reserve(req, watermark))
         if pairs is None:
             return False
         copies = self.bm.allocate(req, num_new)
@@ -212,8 +231,10 @@ class Scheduler:
         self.swapped.remove(req)
         req.transition(RequestStatus.RUNNING)
         self.running.append(req)
+        self.loras.joined(req)
         self._counters.swapped_in(len(pairs))
-        self._emit(req, num_new, copies, step)
+        if num_new:
+            self._emit(req, num_new, copies, step)
         return True
 
     def _admit(self, req: Request, step: StepBuilder) -> bool:
@@ -221,7 +242,8 @@ class Scheduler:
         num_new = self._num_new_tokens(req, hit.num_tokens, step)
         if num_new == 0:
             return False
-        copies = self.bm.allocate(req, num_new, hit, reserve=self._watermark(self.config.admission_watermark))
+        watermark = self._watermark(self.config.admission_watermark)
+        copies = self.bm.allocate(req, num_new, hit, reserve=self.groups.queued_reserve(req, watermark))
         if copies is None:
             return False
         state, now = self._live[req.request_id], self._clock()
@@ -232,6 +254,7 @@ class Scheduler:
         self._counters.prefix_lookup(hit.num_tokens, req.num_tokens)
         req.transition(RequestStatus.RUNNING)
         self.running.append(req)
+        self.loras.joined(req)
         self._emit(req, num_new, copies, step)
         return True
 
@@ -251,27 +274,31 @@ class Scheduler:
 
     # -- preemption ----------------------------------------------------------------------
 
-    def _preempt(self, victim: Request, step: StepBuilder, urgent: bool) -> None:
-        self.running.remove(victim)
-        kind = preempt_kind(
-            self.config, self.bm.num_held(victim), victim.num_computed_tokens, self.bm.num_free_cpu_blocks
-        )
-        pairs = self.bm.swap_out(victim) if kind == "swap" else None
-        if pairs is not None:
-            step.swap_out += pairs
-            victim.transition(RequestStatus.SWAPPED)
-            self.swapped.append(victim)
-        else:
-            self.bm.free(victim, forget=False)
-            victim.num_computed_tokens = 0
-            victim.transition(RequestStatus.WAITING)
-            state = self._live[victim.request_id]
-            self.waiting.push(victim, state.seq, state.enqueued_at)
-        self._counters.preempted(pairs, urgent)
+    def _preempt(self, victim: Request, step: StepBuilder, urgent: bool) -> list[Request]:
+        """Preempt the victim and, for a beam, its group (GroupSteps.group_of). Returns who left."""
+        group = self.groups.group_of(victim, step)
+        kind = preempt_kind(self.config, sum(self.bm.num_held(r) for r in group),
+                            sum(r.num_computed_tokens for r in group), self.bm.num_free_cpu_blocks)
+        for req in group:
+            self.running.remove(req)
+            pairs = self.bm.swap_out(req) if kind == "swap" else None
+            if pairs is not None:
+                step.swap_out += pairs
+                req.transition(RequestStatus.SWAPPED)
+                self.swapped.append(req)
+            else:
+                self.bm.free(req, forget=False)
+                req.num_computed_tokens = 0
+                self.groups.unpark(req)  # it will compute its candidates again
+                req.transition(RequestStatus.WAITING)
+                state = self._live[req.request_id]
+                self.waiting.push(req, state.seq, state.enqueued_at)
+            self._counters.preempted(pairs, urgent)
+        return group
 
     def _preempt_for_urgent(self, now: float, step: StepBuilder) -> None:
         """Make room for the head of the queue by preempting requests far less urgent."""
-        req = self.waiting.peek(now)
+        req = self.waiting.peek(now, self.loras.admits)
         if req is None:
             return
         # The head's static priority: aging orders the queue but never makes a request preempt.
@@ -290,32 +317,18 @@ class Scheduler:
             + self._watermark(self.config.admission_watermark)
             - self.bm.num_free_device_blocks
         )
-        short_seats = self._seats_needed(req) - self._free_seats()
+        short_seats = self.seats.needed(req) - self.seats.free()
         if short_blocks <= 0 and short_seats <= 0:
             return
         candidates.sort(key=victim_order(self._level_of, self._seq_of))
         for victim in plan_room(candidates, short_blocks, short_seats, self._room_freed_by):
-            self._preempt(victim, step, urgent=True)
+            if victim.status is RequestStatus.RUNNING:  # else it left with its beam group
+                self._preempt(victim, step, urgent=True)
 
     def _room_freed_by(self, victim: Request) -> tuple[int, int]:
         """(blocks, seats) preempting `victim` makes available, its own growth included."""
         growth = self.bm.blocks_for(victim.num_tokens) - self.bm.num_held(victim)
-        return self.bm.num_reclaimable(victim) + growth, 1 + self._pending_count(victim)
-
-    def _pending_count(self, req: Request) -> int:
-        state = self._live[req.request_id]
-        return len(state.group.pending) if state.index == 0 else 0
-
-    def _seats_needed(self, req: Request) -> int:
-        return 1 + self._pending_count(req)
-
-    def _free_seats(self) -> int:
-        # Seats held for the pending samples of leaders that run (they fork into them).
-        reserved = sum(len(g.pending) for g in self._forking if g.leader.status is RequestStatus.RUNNING)
-        return self.config.max_num_seqs - len(self.running) - reserved
-
-    def _has_seats(self, req: Request) -> bool:
-        return self._seats_needed(req) <= self._free_seats()
+        return self.bm.num_reclaimable(victim) + growth, self.seats.needed(victim)
 
     def _watermark(self, fraction: float) -> int:
         # A lone request must always fit, or it would wait forever for memory nobody holds.
@@ -341,23 +354,6 @@ class Scheduler:
         enqueued_at = self._live[req.request_id].enqueued_at
         return aged_level(req.priority, enqueued_at, now, self.config.aging_rate)
 
-    def _fork_pending(self, state: SampleState) -> None:
-        """The leader's prompt KV is written: the pending samples share it and start."""
-        leader, group = state.req, state.group
-        if state.index != 0 or not group.pending:
-            return
-        shared = leader.num_prompt_tokens - 1
-        for follower in group.pending:
-            self.bm.fork(leader, follower, shared)
-            follower.num_computed_tokens = shared
-            follower.num_cached_tokens = leader.num_cached_tokens
-            follower_state = self._live[follower.request_id]
-            follower_state.level, follower_state.admitted = self._level_of(leader), True
-            follower.transition(RequestStatus.RUNNING)
-            self.running.append(follower)
-        group.pending = []
-        self._forking.discard(group)
-
     def _finish(self, req: Request, status: RequestStatus) -> None:
         rid = req.request_id
         group = self._live.pop(rid).group
@@ -368,6 +364,7 @@ class Scheduler:
         elif not self.waiting.remove(req):
             group.pending.remove(req)
         req.transition(status)
+        self.loras.forget(req)
         self.bm.free(req)
         self._finished_ids.append(rid)
         if not group.live:
@@ -378,19 +375,15 @@ class Scheduler:
 
     def stats(self) -> SchedulerStats:
         pending = sum(len(g.pending) for g in self._groups.values())
-        return self._counters.snapshot(
-            running=len(self.running),
-            waiting=len(self.waiting) + pending,
-            swapped=len(self.swapped),
-            bm=self.bm,
-        )
+        return self._counters.snapshot(running=len(self.running), waiting=len(self.waiting) + pending,
+                                       swapped=len(self.swapped), bm=self.bm)
 
     def placement(self) -> Placement:
         return Placement(
             live=[state.req for state in self._live.values()], running=list(self.running),
             swapped=list(self.swapped), queued=list(self.waiting),
             pending=[r for g in self._groups.values() for r in g.pending],
-            seats_taken=len(self.running) + sum(self._pending_count(r) for r in self.running),
+            seats_taken=self.seats.taken(),
             groups_without_live_sample=[g.client_id for g in self._groups.values() if not g.live],
             bm=self.bm, max_num_seqs=self.config.max_num_seqs, max_model_len=self.config.max_model_len,
         )

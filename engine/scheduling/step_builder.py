@@ -63,6 +63,7 @@ class StepBuilder:
                 prompt_token_ids=req.prompt_token_ids,
                 output_token_ids=req.output_token_ids,
                 grammar=req.grammar,
+                lora_id=req.lora_id,
             )
         )
         self.copies += copies

@@ -27,3 +27,13 @@ def finish_status(req: Request, max_model_len: int) -> RequestStatus | None:
     if n_out >= params.max_tokens or req.num_tokens >= max_model_len:
         return RequestStatus.FINISHED_LENGTH
     return None
+
+
+def finish_status_after(req: Request, token: int, max_model_len: int) -> RequestStatus | None:
+    """The finish appending `token` would reach: beam search judges every candidate before it
+    picks the beams (engine/scheduling/beam_group.py), so one rule decides both."""
+    req.output_token_ids.append(token)
+    try:
+        return finish_status(req, max_model_len)
+    finally:
+        req.output_token_ids.pop()

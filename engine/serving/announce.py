@@ -29,7 +29,8 @@ log = logging.getLogger("pageserve.engine")
 
 def engine_record(address: str, info: ModelInfo) -> EngineRecord:
     return EngineRecord(address=address, model=info.model_name, num_blocks=info.num_blocks,
-                        max_model_len=info.max_model_len, pid=os.getpid(), host=socket.gethostname())
+                        max_model_len=info.max_model_len, pid=os.getpid(), host=socket.gethostname(),
+                        adapters=[{"name": a.name, "parent": a.parent} for a in info.adapters])
 
 
 class Announcer:

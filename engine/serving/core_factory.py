@@ -12,7 +12,7 @@ import argparse
 
 import torch
 
-from engine.config import CacheConfig, EngineConfig, GiB, ModelConfig
+from engine.config import CacheConfig, ConfigError, EngineConfig, GiB, LoraConfig, ModelConfig
 from engine.core import EngineCore
 from engine.scheduling.config import SchedulerConfig
 
@@ -37,10 +37,27 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         max_prefill_tokens_while_decoding=args.max_prefill_while_decoding,
         prefill_stall_factor=getattr(args, "prefill_stall_factor", 0.0),
         prefill_backlog_drain_s=getattr(args, "prefill_backlog_drain", 0.0),
+        max_loras=getattr(args, "max_loras", 4),
     )  # max_model_len: EngineCore derives the scheduler's from the model's and --max-model-len
     return EngineConfig(model=model, cache=cache, scheduler=scheduler, attention_backend=args.attention_backend,
                         default_sampling=getattr(args, "default_sampling", None),
-                        tensor_parallel_size=getattr(args, "tensor_parallel_size", 1))
+                        tensor_parallel_size=getattr(args, "tensor_parallel_size", 1), lora=lora_config(args))
+
+
+def lora_config(args: argparse.Namespace) -> LoraConfig:
+    """--enable-lora and its limits; --lora-modules as NAME=PATH words (its environment twin: one string)."""
+    words = getattr(args, "lora_modules", []) or []
+    if isinstance(words, str):
+        words = words.split()
+    modules = []
+    for word in words:
+        name, sep, path = word.partition("=")
+        if not sep or not name or not path:
+            raise ConfigError(f"--lora-modules takes NAME=PATH, not {word!r}")
+        modules.append((name, path))
+    return LoraConfig(enabled=getattr(args, "enable_lora", False), modules=tuple(modules),
+                      max_loras=getattr(args, "max_loras", 4), max_lora_rank=getattr(args, "max_lora_rank", 64),
+                      max_cpu_loras=getattr(args, "max_cpu_loras", 32))
 
 
 def build_core(args: argparse.Namespace) -> EngineCore:

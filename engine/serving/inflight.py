@@ -93,12 +93,12 @@ class InFlightTable:
                 entry.queue_seconds = d.queue_seconds
             if d.new_token_ids:
                 self.tokens_by_tenant[entry.tenant_id] = self.tokens_by_tenant.get(entry.tenant_id, 0) + len(
-                    d.new_token_ids)
+                    d.new_token_ids) + d.num_unreturned_tokens
                 if entry.first_token_at is None:
                     entry.first_token_at = time.monotonic()
                 token_deltas.append(TokenDelta(d.request_id, d.index, list(d.new_token_ids), d.num_prompt_tokens,
                                                d.num_output_tokens, d.num_cached_tokens, list(d.logprobs),
-                                               list(d.prompt_logprobs)))
+                                               list(d.prompt_logprobs), d.num_unreturned_tokens))
             if d.finish_reason is not None:
                 finished.append(self._finish_one(d.request_id, d.index, d.finish_reason))  # type: ignore[arg-type]
         return out

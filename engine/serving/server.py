@@ -42,10 +42,12 @@ from engine.request import Request
 from engine.serving.inflight import InFlightTable
 from engine.serving.step_stats import CoreCounts, StepStats
 from engine.step_failures import RequestsFailed
+from engine.worker.lora.errors import LoraNotFound
 from shared.curve import serve_curve, server_keys
 from shared.model_info import ModelInfo
 from shared.protocol import (
     DEADLINE_EXCEEDED,
+    MODEL_NOT_FOUND,
     PROTOCOL_VERSION,
     REQUEST_FAILED,
     REQUEST_REJECTED,
@@ -285,7 +287,7 @@ class EngineServer:
         request = Request(
             request_id=add.request_id, prompt_token_ids=list(add.prompt_token_ids), sampling=add.sampling,
             arrival_time=add.arrival_time or time.time(), priority=add.priority, tenant_id=add.tenant_id,
-            weight=add.weight, cache_salt=add.cache_salt, grammar=add.grammar,
+            weight=add.weight, cache_salt=add.cache_salt, grammar=add.grammar, lora_name=add.lora_name,
         )
         try:
             self.core.add_request(request)
@@ -294,8 +296,10 @@ class EngineServer:
         except Exception as e:  # the core's verdict on a request it cannot serve; the engine goes on
             if not isinstance(e, ValueError):
                 log.exception("admitting %s failed", add.request_id)
-            self._send(gateway, Error(add.request_id, "request", str(e) or type(e).__name__, code=REQUEST_REJECTED,
-                                      param=getattr(e, "param", "")))
+            not_found = isinstance(e, LoraNotFound)  # an adapter unloaded since the gateway heard: a 404
+            self._send(gateway, Error(add.request_id, "request", str(e) or type(e).__name__,
+                                      code=MODEL_NOT_FOUND if not_found else REQUEST_REJECTED,
+                                      param="model" if not_found else getattr(e, "param", "")))
             return
         self._inflight.add(add, gateway)
 

@@ -16,6 +16,8 @@
                         the same kernels, bit for bit the Python forward's results, without its glue
     decode_graphs.py    CUDA graphs for decode-only steps (the GPU's counterpart)
     layers/             attention (paged, through pageserve_kernels), linear, MLP, norm, rotary
+    lora/               LoRA adapters: PEFT folders onto our fused projections, the registry of loads, the
+                        step's rows grouped by adapter (each projection adds x A^T B^T per group)
     parallel/           tensor parallelism (--tensor-parallel-size): the split, sharded weights, parallel
                         layers, the gloo group, rank 0's leader and the worker processes
 """

@@ -72,3 +72,19 @@ def pick(raw: RawLogprobs, tokens: torch.Tensor) -> PickedLogprobs:
     sampled = lp.gather(1, tokens[index][:, None]).squeeze(1)  # (L,)
     top_values, top_ids = lp.topk(max(raw.ks), dim=-1)  # (L, K); K may be 0
     return PickedLogprobs(raw, sampled, top_values, top_ids)
+
+
+def beam_candidates(logits: torch.Tensor, chunks: Sequence[ScheduledChunk]) -> dict[int, list[tuple[int, float]]]:
+    """Batch position -> the 2 x width most likely next tokens and their raw logprobs, best first,
+    for beam-search rows (engine/scheduling/beam_group.py ranks them): one log_softmax and one
+    topk over those rows, read back at once. Empty (no work) when no row searches beams."""
+    rows = [i for i, c in enumerate(chunks) if c.sampling.beam_width]
+    if not rows:
+        return {}
+    index = torch.tensor(rows, dtype=torch.long, device=logits.device)
+    ks = [2 * chunks[i].sampling.beam_width for i in rows]
+    lp = torch.log_softmax(logits[index].float(), dim=-1)  # (B, V)
+    values, ids = lp.topk(min(max(ks), lp.shape[-1]), dim=-1)  # (B, K), best first
+    values_l, ids_l = values.tolist(), ids.tolist()
+    return {row: list(zip(ids_l[j][:k], values_l[j][:k], strict=True)) for j, (row, k) in enumerate(zip(rows, ks,
+                                                                                                     strict=True))}

@@ -17,13 +17,16 @@ from collections.abc import Callable
 
 import torch
 
-from engine.outputs import RunnerOutput, SchedulerOutput
+from engine.outputs import RunnerOutput, ScheduledChunk, SchedulerOutput
 from engine.step_failures import EngineStateLost
 from engine.worker import host_allocator
 from engine.worker.decode_graphs import DecodeGraphs
 from engine.worker.input_batch import build_step_inputs, order_chunks
 from engine.worker.kv_cache import CacheLayout, KVCache
 from engine.worker.layers.attention import KernelPagedAttention, PagedAttentionOp, TorchPagedAttention
+from engine.worker.logprobs import beam_candidates
+from engine.worker.lora.batch import LoraBatch, build_lora_batch
+from engine.worker.lora.registry import LoraRegistry
 from engine.worker.models.decoder import DecoderModel
 from engine.worker.native_layers import NativeLayers
 from engine.worker.prompt_logprobs import PromptLogprobs
@@ -73,6 +76,8 @@ class ModelRunner:
         (EngineCore sets it up at start-up; its forward returns None for steps it does not cover)."""
         self.prompt_logprobs = PromptLogprobs()
         """Prompt logprobs of requests whose prompt spans several chunks, until its end is computed."""
+        self.loras: LoraRegistry | None = None
+        """--enable-lora: the adapters chunks' lora_id name (EngineCore sets it); None: no adapter rows ever."""
         self.before_step: Callable[[SchedulerOutput], None] | None = None
         """Tensor parallelism: sends the step to the other ranks first (engine/worker/parallel/leader.py)."""
 
@@ -90,11 +95,14 @@ class ModelRunner:
         if not out.chunks:
             return RunnerOutput({})
         with torch.inference_mode():
-            inputs = build_step_inputs(order_chunks(out.chunks), self.block_size, self.device, self.attention)
-            hidden = self.fast_forward.forward(inputs) if self.fast_forward is not None else None
+            chunks = order_chunks(out.chunks)
+            inputs = build_step_inputs(chunks, self.block_size, self.device, self.attention)
+            lora = self._lora_batch(chunks)
+            # A step with adapter rows runs the Python layers: the C++ loop and the graphs know no LoRA.
+            hidden = self.fast_forward.forward(inputs) if self.fast_forward is not None and lora is None else None
             if hidden is None:
                 hidden = self.model(inputs.input_ids, inputs.positions, self.kv_cache.layers, inputs.meta,
-                                    self.attention)
+                                    self.attention, lora)
             if not inputs.has_logits:
                 return RunnerOutput({})
             all_logits = self.model.compute_logits(hidden[inputs.logits_indices])  # (N + P, V) float32
@@ -105,9 +113,19 @@ class ModelRunner:
             logits = all_logits[:n] if inputs.prompt_rows else all_logits  # (N, V)
             if self.structured is not None:  # structured outputs: banned tokens of constrained rows -> -inf
                 self.structured.mask(logits, inputs.sampled)
+            beams = beam_candidates(logits, inputs.sampled)  # before the sampler changes logits in place
             sampled = self.sampler.sample_with_logprobs(logits, inputs.sampled)
             if self.structured is not None:
                 self.structured.advance(inputs.sampled, sampled.token_ids)
         ids = [c.request_id for c in inputs.sampled]
         return RunnerOutput(dict(zip(ids, sampled.token_ids, strict=True)),
-                            {ids[row]: lp for row, lp in sampled.logprobs.items()}, prompt)
+                            {ids[row]: lp for row, lp in sampled.logprobs.items()}, prompt,
+                            {ids[row]: cands for row, cands in beams.items()})
+
+    def _lora_batch(self, chunks: list[ScheduledChunk]) -> LoraBatch | None:
+        """The step's adapter rows by adapter; None (nothing to pay) when no chunk has an adapter."""
+        if self.loras is None or not any(c.lora_id for c in chunks):
+            return None
+        adapters = {c.lora_id: self.loras.adapter(c.lora_id) for c in chunks if c.lora_id}
+        return build_lora_batch([len(c.token_ids) for c in chunks], [c.lora_id for c in chunks], adapters,
+                                self.device)

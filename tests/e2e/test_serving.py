@@ -115,7 +115,7 @@ def test_bad_keys_get_401(stack: Stack, which: str) -> None:
     ("patch", "param"),
     [({"temperature": -1}, "temperature"), ({"top_p": 2}, "top_p"), ({"max_tokens": "ten"}, "max_tokens"),
      ({"n": 100}, "n"), ({"stop": [1]}, "stop"), ({"messages": [{"role": "user", "content": None}]},
-     "messages[0].content"), ({"use_beam_search": True}, "use_beam_search")],
+     "messages[0].content"), ({"use_beam_search": True, "temperature": 0.7}, "temperature")],
 )
 def test_bad_fields_get_400_naming_them(stack: Stack, patch: dict[str, Any], param: str) -> None:
     r = httpx.post(f"{stack.base_url}/v1/chat/completions", json={**chat_body("hi"), **patch},

@@ -49,6 +49,8 @@ class Script:
     """Raised from the iterator after the tokens (an engine error mid-stream)."""
     queue_seconds: float | None = None
     """The engine's queue time every Finished reports (None: as an older engine, none)."""
+    unreturned: int = 0
+    """best_of: tokens of candidates not returned, carried by choice 0's first delta."""
 
 
 class FakeStream:
@@ -69,7 +71,8 @@ class FakeStream:
                     first = step == 0 and index == 0
                     self._queue.put_nowait(TokenDelta(request.request_id, index, [tokens[step]], n_prompt,
                                                       step + 1, 0, _logprobs(request, tokens[step]),
-                                                      _prompt_logprobs(request) if first else []))
+                                                      _prompt_logprobs(request) if first else [],
+                                                      script.unreturned if first else 0))
         if script.fail is not None:
             self._queue.put_nowait(script.fail)
             return

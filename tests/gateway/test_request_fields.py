@@ -55,8 +55,8 @@ def test_nested_objects_stay_strict(make_gateway: Any, patch: dict[str, Any], pa
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("use_beam_search", True), ("chat_template", "{{ x }}"),
-     ("priority", -5), ("cache_salt", "s"), ("best_of", True), ("return_tokens_as_token_ids", True),
+    [("chat_template", "{{ x }}"),
+     ("priority", -5), ("cache_salt", "s"), ("return_tokens_as_token_ids", True),
      ("add_special_tokens", True)],
 )
 def test_known_fields_we_cannot_honour_are_400_naming_them(make_gateway: Any, field: str, value: Any) -> None:

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from shared.model_info import AdapterInfo
 from shared.protocol import (
     PROTOCOL_VERSION,
     Abort,
@@ -57,15 +58,15 @@ SAMPLES: dict[str, Message] = {
 # Frozen: a change here breaks every deployed peer. Append fields instead (with defaults).
 GOLDEN_HEX = {
     "Hello": "930101a467772d31",
-    "Ready": "990201a7736d6f6c6c6d32cd20001002cd03e8cdc00090",
+    "Ready": "9a0201a7736d6f6c6c6d32cd20001002cd03e8cdc0009090",
     "AddRequest": (
-        "9a03a57265712d31930102cd012c89a16e01ab74656d7065726174757265cb0000000000000000a5746f705f70"
+        "9b03a57265712d31930102cd012c89a16e01ab74656d7065726174757265cb0000000000000000a5746f705f70"
         "cb3ff0000000000000a5746f705f6b00a473656564c0aa6d61785f746f6b656e7308aa6d696e5f746f6b656e73"
         "00ae73746f705f746f6b656e5f6964739102aa69676e6f72655f656f73c2ffa461636d65cb41d954fc40100000"
-        "cb4000000000000000a173c0"
+        "cb4000000000000000a173c0a0"
     ),
     "Abort": "920492a161a162",
-    "StepOutputs": "94059198a57265712d3100922ace0001117003020090909195a57265712d3100a66c656e67746893030200c009",
+    "StepOutputs": "94059199a57265712d3100922ace000111700302009090009195a57265712d3100a66c656e67746893030200c009",
     "Error": (
         "9606a57265712d31a772657175657374ae746f6b656e206964203520626164b0726571756573745f72656a6563746564"
         "a670726f6d7074"
@@ -96,10 +97,17 @@ OLDER_PEER_HEX = {
         "dc0018080102035a640405060708cb400400000000000001cb3fe0000000000000cb3ff80000000000000a141e0c0201323c"
         "cb41d954fc40200000",
         Stats(1, 2, 3, 90, 100, 4, 5, 6, 7, 8, 2.5, 1, 0.5, 1.5, 10, 20, 30, 12, 2, 1, 50, 60, 1700000000.5)),
+    # before adapters (the LoRA adapters of issue 43)
+    "Ready.adapters": ("990201a7736d6f6c6c6d32cd20001002cd03e8cdc00090", SAMPLES["Ready"]),
     # before vocab_size, default_sampling
     "Ready": ("970201a7736d6f6c6c6d32cd20001002cd03e8", Ready(1, ModelInfo("smollm2", 8192, 16, 2, 1000))),
     "Ready.default_sampling": ("980201a7736d6f6c6c6d32cd20001002cd03e8cdc000",  # before default_sampling
                                Ready(1, ModelInfo("smollm2", 8192, 16, 2, 1000, 49152))),
+    "AddRequest.lora_name": (  # before lora_name (the LoRA adapters of issue 43)
+        "9a03a57265712d31930102cd012c89a16e01ab74656d7065726174757265cb0000000000000000a5746f705f70"
+        "cb3ff0000000000000a5746f705f6b00a473656564c0aa6d61785f746f6b656e7308aa6d696e5f746f6b656e73"
+        "00ae73746f705f746f6b656e5f6964739102aa69676e6f72655f656f73c2ffa461636d65cb41d954fc40100000"
+        "cb4000000000000000a173c0", SAMPLES["AddRequest"]),
     "AddRequest": (  # before grammar
         "9903a57265712d31930102cd012c89a16e01ab74656d7065726174757265cb0000000000000000a5746f705f70"
         "cb3ff0000000000000a5746f705f6b00a473656564c0aa6d61785f746f6b656e7308aa6d696e5f746f6b656e73"
@@ -118,13 +126,39 @@ OLDER_PEER_HEX = {
     "StepOutputs with logprobs": (
         "94059197a57265712d3100922ace00011170030200909194a57265712d3100a66c656e6774689303020009",
         SAMPLES["StepOutputs"]),
-    # its TokenDelta before prompt_logprobs
+    # its TokenDelta before prompt_logprobs (h9) and num_unreturned_tokens (h10, best_of): the same frame
     "StepOutputs with logprobs, before prompt_logprobs": (
         "94059197a57265712d3100922ace00011170030200909195a57265712d3100a66c656e67746893030200c009",
         SAMPLES["StepOutputs"]),
     "StepOutputs with a token's logprobs, before prompt_logprobs": (
         "94059197a57265712d3200912a0101009193cbbfe0000000000000922a0792cbbfe0000000000000cbbff40000000000009003",
         StepOutputs([TokenDelta("req-2", 0, [42], 1, 1, 0, [TokenLogprob(-0.5, [42, 7], [-0.5, -1.25])])], [], 3)),
+    # its TokenDelta with prompt_logprobs, before num_unreturned_tokens (best_of, issue 44)
+    "StepOutputs with prompt_logprobs, before unreturned tokens": (
+        "94059198a57265712d3100922ace0001117003020090909195a57265712d3100a66c656e67746893030200c009",
+        SAMPLES["StepOutputs"]),
+    "StepOutputs with a token's logprobs, before unreturned tokens": (
+        "94059198a57265712d3200912a0101009193cbbfe0000000000000922a0792cbbfe0000000000000cbbff4000000000000909003",
+        StepOutputs([TokenDelta("req-2", 0, [42], 1, 1, 0, [TokenLogprob(-0.5, [42, 7], [-0.5, -1.25])])], [], 3)),
+    "StepOutputs with prompt logprobs, before unreturned tokens": (
+        "94059198a57265712d3400912a030100909293cbbfe0000000000000910991cbbfd000000000000093cbc000000000000000910791"
+        "cbc0000000000000009004",
+        StepOutputs([TokenDelta("req-4", 0, [42], 3, 1, 0, [], [TokenLogprob(-0.5, [9], [-0.25]),
+                                                                 TokenLogprob(-2.0, [7], [-2.0])])], [], 4)),
+    # requests using h9's and h10's sampling fields, before lora_name (the LoRA adapters of issue 43)
+    "AddRequest with allowed ids, bad words and prompt logprobs, before lora_name": (
+        "9a03a57265712d3591018ca16e01ab74656d7065726174757265cb3ff0000000000000a5746f705f70cb3ff0000000000000a5746f"
+        "705f6b00a473656564c0aa6d61785f746f6b656e7310aa6d696e5f746f6b656e7300ae73746f705f746f6b656e5f69647390aa6967"
+        "6e6f72655f656f73c2b1616c6c6f7765645f746f6b656e5f696473920304b36261645f776f7264735f746f6b656e5f696473929205"
+        "069107af70726f6d70745f6c6f6770726f62730100a0cb0000000000000000cb3ff0000000000000a0c0",
+        AddRequest("req-5", [1], SamplingParams(allowed_token_ids=(3, 4), bad_words_token_ids=((5, 6), (7,)),
+                                                prompt_logprobs=1))),
+    "AddRequest with beam search, before lora_name": (
+        "9a03a17291018ca16e02ab74656d706572617475726500a5746f705f70cb3ff0000000000000a5746f705f6b00a473656564c0aa6d"
+        "61785f746f6b656e7310aa6d696e5f746f6b656e7300ae73746f705f746f6b656e5f69647390aa69676e6f72655f656f73c2a76265"
+        "73745f6f6604af7573655f6265616d5f736561726368c3ae6561726c795f73746f7070696e67c300a0cb0000000000000000cb3ff0"
+        "000000000000a0c0",
+        AddRequest("r", [1], SamplingParams(n=2, best_of=4, use_beam_search=True, temperature=0, early_stopping=True))),
     # its TokenDelta before logprobs
     "StepOutputs": (
         "94059196a57265712d3100922ace000111700302009194a57265712d3100a66c656e6774689303020009", SAMPLES["StepOutputs"]),
@@ -135,38 +169,60 @@ OLDER_PEER_HEX = {
 EXTENDED: dict[str, tuple[Message, str]] = {
     "Ready": (
         Ready(1, ModelInfo("smollm2", 8192, 16, 2, 1000, 49152, (SamplingDefault("temperature", 0.5),))),
-        "990201a7736d6f6c6c6d32cd20001002cd03e8cdc0009192ab74656d7065726174757265cb3fe0000000000000",
+        "9a0201a7736d6f6c6c6d32cd20001002cd03e8cdc0009192ab74656d7065726174757265cb3fe000000000000090",
+    ),
+    "Ready with adapters": (
+        Ready(1, ModelInfo("base", 64, 4, None, 8, 100, (), (AdapterInfo("sql", "base"),))),
+        "9a0201a4626173654004c00864909192a373716ca462617365",
+    ),
+    "AddRequest with an adapter": (
+        AddRequest("req-4", [5], SamplingParams(max_tokens=4), lora_name="sql"),
+        "9b03a57265712d34910589a16e01ab74656d7065726174757265cb3ff0000000000000a5746f705f70cb3ff0000000000000a574"
+        "6f705f6b00a473656564c0aa6d61785f746f6b656e7304aa6d696e5f746f6b656e7300ae73746f705f746f6b656e5f69647390aa"
+        "69676e6f72655f656f73c200a0cb0000000000000000cb3ff0000000000000a0c0a373716c",
     ),
     "AddRequest": (
         AddRequest("req-2", [1], SamplingParams(presence_penalty=0.5, frequency_penalty=-1.0, repetition_penalty=1.25,
                                                 min_p=0.125, logit_bias=((7, 100.0),), logprobs=2)),
-        "9a03a57265712d3291018fa16e01ab74656d7065726174757265cb3ff0000000000000a5746f705f70cb3ff0000000000000a5746f"
+        "9b03a57265712d3291018fa16e01ab74656d7065726174757265cb3ff0000000000000a5746f705f70cb3ff0000000000000a5746f"
         "705f6b00a473656564c0aa6d61785f746f6b656e7310aa6d696e5f746f6b656e7300ae73746f705f746f6b656e5f69647390aa6967"
         "6e6f72655f656f73c2b070726573656e63655f70656e616c7479cb3fe0000000000000b16672657175656e63795f70656e616c7479"
         "cbbff0000000000000b272657065746974696f6e5f70656e616c7479cb3ff4000000000000a56d696e5f70cb3fc0000000000000aa"
-        "6c6f6769745f62696173919207cb4059000000000000a86c6f6770726f62730200a0cb0000000000000000cb3ff0000000000000a0c0"
-    ),  # (the trailing c0: the grammar, appended after; the frame without it is in OLDER_PEER_HEX)
+        "6c6f6769745f62696173919207cb4059000000000000a86c6f6770726f62730200a0cb0000000000000000cb3ff0000000000000a0c0a0"
+    ),  # (the trailing c0 a0: the grammar and lora_name, appended after; frames without them are in OLDER_PEER_HEX)
     "Finished with queue time": (
         StepOutputs([], [Finished("req-3", 1, "stop", Usage(5, 4, 2), 0.25)], 7),
         "9405909195a57265712d3301a473746f7093050402cb3fd000000000000007",
     ),
     "StepOutputs": (
         StepOutputs([TokenDelta("req-2", 0, [42], 1, 1, 0, [TokenLogprob(-0.5, [42, 7], [-0.5, -1.25])])], [], 3),
-        "94059198a57265712d3200912a0101009193cbbfe0000000000000922a0792cbbfe0000000000000cbbff4000000000000909003",
+        "94059199a57265712d3200912a0101009193cbbfe0000000000000922a0792cbbfe0000000000000cbbff400000000000090009003",
     ),
     "StepOutputs with prompt logprobs": (
         StepOutputs([TokenDelta("req-4", 0, [42], 3, 1, 0, [], [TokenLogprob(-0.5, [9], [-0.25]),
                                                                  TokenLogprob(-2.0, [7], [-2.0])])], [], 4),
-        "94059198a57265712d3400912a030100909293cbbfe0000000000000910991cbbfd000000000000093cbc000000000000000910791"
-        "cbc0000000000000009004",
+        "94059199a57265712d3400912a030100909293cbbfe0000000000000910991cbbfd000000000000093cbc000000000000000910791"
+        "cbc000000000000000009004",
     ),
     "AddRequest with allowed ids, bad words and prompt logprobs": (
         AddRequest("req-5", [1], SamplingParams(allowed_token_ids=(3, 4), bad_words_token_ids=((5, 6), (7,)),
                                                 prompt_logprobs=1)),
-        "9a03a57265712d3591018ca16e01ab74656d7065726174757265cb3ff0000000000000a5746f705f70cb3ff0000000000000a5746f"
+        "9b03a57265712d3591018ca16e01ab74656d7065726174757265cb3ff0000000000000a5746f705f70cb3ff0000000000000a5746f"
         "705f6b00a473656564c0aa6d61785f746f6b656e7310aa6d696e5f746f6b656e7300ae73746f705f746f6b656e5f69647390aa6967"
         "6e6f72655f656f73c2b1616c6c6f7765645f746f6b656e5f696473920304b36261645f776f7264735f746f6b656e5f696473929205"
-        "069107af70726f6d70745f6c6f6770726f62730100a0cb0000000000000000cb3ff0000000000000a0c0",
+        "069107af70726f6d70745f6c6f6770726f62730100a0cb0000000000000000cb3ff0000000000000a0c0a0",
+    ),
+    "AddRequest with beam search": (  # early_stopping travels as a bool or a string ("never")
+        AddRequest("r", [1], SamplingParams(n=2, best_of=4, use_beam_search=True, temperature=0,
+                                            early_stopping=True)),
+        "9b03a17291018ca16e02ab74656d706572617475726500a5746f705f70cb3ff0000000000000a5746f705f6b00a473656564c0aa6d"
+        "61785f746f6b656e7310aa6d696e5f746f6b656e7300ae73746f705f746f6b656e5f69647390aa69676e6f72655f656f73c2a76265"
+        "73745f6f6604af7573655f6265616d5f736561726368c3ae6561726c795f73746f7070696e67c300a0cb0000000000000000cb3ff0"
+        "000000000000a0c0a0",
+    ),
+    "StepOutputs with unreturned tokens": (
+        StepOutputs([TokenDelta("req-4", 0, [42, 7], 1, 2, 0, num_unreturned_tokens=5)], [], 4),
+        "94059199a57265712d3400922a070102009090059004",
     ),
 }
 
@@ -202,15 +258,15 @@ def test_golden_bytes_of_a_request_with_a_grammar() -> None:
     msg = AddRequest("req-2", [5], SamplingParams(max_tokens=4),
                      grammar=GrammarSpec("json_schema", '{"type":"object"}'))
     golden = (
-        "9a03a57265712d32910589a16e01ab74656d7065726174757265cb3ff0000000000000a5746f705f70cb3ff0000000000000"
+        "9b03a57265712d32910589a16e01ab74656d7065726174757265cb3ff0000000000000a5746f705f70cb3ff0000000000000"
         "a5746f705f6b00a473656564c0aa6d61785f746f6b656e7304aa6d696e5f746f6b656e7300ae73746f705f746f6b656e5f69"
         "647390aa69676e6f72655f656f73c200a0cb0000000000000000cb3ff0000000000000a092ab6a736f6e5f736368656d61b1"
-        "7b2274797065223a226f626a656374227d"
+        "7b2274797065223a226f626a656374227da0"
     )
     assert encode(msg).hex() == golden
     assert decode(bytes.fromhex(golden)) == msg
     bad = msgpack.unpackb(bytes.fromhex(golden))
-    bad[-1][0] = "lisp"
+    bad[-2][0] = "lisp"
     with pytest.raises(ProtocolError, match="AddRequest.grammar.kind"):
         decode(msgpack.packb(bad))
 
@@ -268,8 +324,9 @@ def test_ready_carries_the_model_info_inline() -> None:
     """Ready's frame is [tag, protocol_version, *ModelInfo's fields]: the record's fields are Ready's
     (the same bytes as when they were declared on Ready), and a newer engine's appended ones are ignored."""
     info = ModelInfo("m", 64, 4, None, 8, 100, (SamplingDefault("top_p", 0.5),))
-    assert _raw(Ready(1, info)) == [2, 1, "m", 64, 4, None, 8, 100, [["top_p", 0.5]]]
-    assert decode(msgpack.packb([2, 1, "m", 64, 4, None, 8, 100, [["top_p", 0.5]], "future field"])) == Ready(1, info)
+    assert _raw(Ready(1, info)) == [2, 1, "m", 64, 4, None, 8, 100, [["top_p", 0.5]], []]
+    assert decode(msgpack.packb([2, 1, "m", 64, 4, None, 8, 100, [["top_p", 0.5]], [], "future field"])) \
+        == Ready(1, info)
 
 
 @pytest.mark.parametrize(
@@ -364,3 +421,12 @@ def test_structured_garbage_never_raises_anything_but_protocol_error(tag: int, f
     except ProtocolError:
         return
     assert decode(encode(msg)) == msg  # whatever was accepted is a valid, re-encodable message
+
+
+def test_early_stopping_is_a_bool_or_a_string_on_the_wire() -> None:
+    never = AddRequest("r", [1], SamplingParams(n=2, use_beam_search=True, temperature=0, early_stopping="never"))
+    assert decode(encode(never)) == never
+    frame = msgpack.unpackb(encode(never))
+    frame[3]["early_stopping"] = 3
+    with pytest.raises(ProtocolError, match=r"AddRequest.sampling.early_stopping: expected bool \| str, got int"):
+        decode(msgpack.packb(frame))

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from engine.worker.layers.linear import Packed, linear, pack_in_place
+from engine.worker.lora.batch import LoraBatch
 from engine.worker.models.spec import ModelSpec
 from pageserve_kernels import cpu_attention
 from pageserve_kernels.cpu_attention import AttentionPlan
@@ -113,6 +114,7 @@ class Attention(nn.Module):
 
     def __init__(self, spec: ModelSpec, layer: int, dtype: torch.dtype) -> None:
         super().__init__()
+        self.layer = layer  # which of a LoRA adapter's layers applies here
         self.num_heads, self.num_kv_heads, self.head_dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
         self.q_size, self.kv_size = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
         self.scale = spec.scale
@@ -149,9 +151,12 @@ class Attention(nn.Module):
         kv_cache: tuple[torch.Tensor, torch.Tensor],  # this layer's K and V pools
         meta: AttentionMetadata,
         paged_attention: PagedAttentionOp,
+        lora: LoraBatch | None = None,
     ) -> torch.Tensor:  # (T, H)
         t, n_q, n_kv = x.shape[0], self.num_heads, self.num_kv_heads
         qkv = linear(x, self.qkv_weight, self.qkv_packed, self.qkv_bias)  # (T, q_size + 2 kv_size)
+        if lora is not None:  # adapter rows: + x A^T B^T on their q/k/v slices (engine/worker/lora/batch.py)
+            lora.add(qkv, x, self.layer, "qkv")
         heads = qkv.view(t, n_q + 2 * n_kv, self.head_dim)  # q | k | v heads
         qk = heads[:, : n_q + n_kv]
         if self.q_norm is not None and self.k_norm is not None:  # qk_norm: each head normed before rotary
@@ -166,7 +171,10 @@ class Attention(nn.Module):
         q, k = qk.split((n_q, n_kv), dim=1)  # (T, n_q, hd), (T, n_kv, hd)
         o = paged_attention(q, k, heads[:, n_q + n_kv :], kv_cache[0], kv_cache[1], meta, self.scale,
                             **self.options)  # (T, n_q, hd)
-        return linear(o.reshape(t, self.q_size), self.o_weight, self.o_packed, self.o_bias)
+        out = linear(o.reshape(t, self.q_size), self.o_weight, self.o_packed, self.o_bias)  # (T, H)
+        if lora is not None:
+            lora.add(out, o.reshape(t, self.q_size), self.layer, "o")
+        return out
 
 
 def _maybe(present: bool, size: int, dtype: torch.dtype, fill: float) -> nn.Parameter | None:

@@ -10,13 +10,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.worker.layers.linear import Packed, linear, pack_in_place
+from engine.worker.lora.batch import LoraBatch
 from pageserve_kernels.fused_ops import silu_and_mul
 
 
 class GatedMLP(nn.Module):
-    def __init__(self, hidden_size: int, intermediate_size: int, dtype: torch.dtype, activation: str = "silu") -> None:
+    def __init__(self, hidden_size: int, intermediate_size: int, dtype: torch.dtype, activation: str = "silu",
+                 layer: int = 0) -> None:
         super().__init__()
         self.intermediate_size, self.activation = intermediate_size, activation
+        self.layer = layer  # which of a LoRA adapter's layers applies here
         self.gate_up_weight = nn.Parameter(
             torch.empty(2 * intermediate_size, hidden_size, dtype=dtype), requires_grad=False
         )
@@ -27,11 +30,16 @@ class GatedMLP(nn.Module):
     def pack_weights(self) -> None:
         self.gate_up_packed, self.down_packed = pack_in_place(self.gate_up_weight), pack_in_place(self.down_weight)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (T, H) -> (T, H)
+    def forward(self, x: torch.Tensor, lora: LoraBatch | None = None) -> torch.Tensor:  # (T, H) -> (T, H)
         gate_up = linear(x, self.gate_up_weight, self.gate_up_packed)  # (T, 2 I)
+        if lora is not None:  # adapter rows: + x A^T B^T on their gate/up slices
+            lora.add(gate_up, x, self.layer, "gate_up")
         if self.activation == "gelu_tanh":
             gate, up = gate_up.chunk(2, dim=-1)
             h = F.gelu(gate, approximate="tanh") * up  # (T, I)
         else:
             h = silu_and_mul(gate_up)  # (T, I)
-        return linear(h, self.down_weight, self.down_packed)  # (T, H)
+        out = linear(h, self.down_weight, self.down_packed)  # (T, H)
+        if lora is not None:
+            lora.add(out, h, self.layer, "down")
+        return out

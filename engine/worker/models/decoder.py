@@ -9,6 +9,8 @@ What the architectures change is a named option of ModelSpec (engine/worker/mode
 read once from config.json (engine/worker/models/architectures/), and acts at the line that
 names it: q/k biases, q/k norms, windows and soft-caps (in Attention), the activation (GatedMLP),
 Gemma's sandwich norms, Granite's residual scale, the embedding and logit scales (here).
+LoRA adapters (engine/worker/lora/) reach the projections as the step's `lora` batch: each of
+qkv, o, gate_up and down adds its adapter rows' x A^T B^T; None (no adapter row) costs nothing.
 Each residual add is fused into the norm that follows it (vLLM's pattern): a
 layer takes and returns (h, residual), where the stream above is x = h + residual,
 and `RMSNorm.add_norm` does residual += h; h = norm(residual) in one pass.
@@ -34,6 +36,7 @@ from engine.worker.layers.mlp import GatedMLP
 from engine.worker.layers.moe import SparseMoE
 from engine.worker.layers.norm import RMSNorm
 from engine.worker.layers.rotary import RotaryEmbedding
+from engine.worker.lora.batch import LoraBatch
 from engine.worker.models.spec import ModelSpec
 
 
@@ -44,14 +47,15 @@ class DecoderLayer(nn.Module):
         self.attn = Attention(s, index, dtype)
         self.pre_mlp_norm = RMSNorm(s.hidden_size, s.rms_norm_eps, dtype)
         self.mlp: nn.Module = (SparseMoE.from_options(s.moe, s.hidden_size, dtype) if s.moe and s.is_sparse(index)
-                               else GatedMLP(s.hidden_size, s.intermediate_size, dtype, s.activation))
+                               else GatedMLP(s.hidden_size, s.intermediate_size, dtype, s.activation, index))
         # sandwich_norms (Gemma 2/3): each block's output normed again before its residual add
         self.attn_out_norm = RMSNorm(s.hidden_size, s.rms_norm_eps, dtype) if s.sandwich_norms else None
         self.mlp_out_norm = RMSNorm(s.hidden_size, s.rms_norm_eps, dtype) if s.sandwich_norms else None
         self.residual_scale = s.residual_scale  # Granite's residual_multiplier; 1.0 elsewhere
 
-    def forward(self, h, residual, cos, sin_signed, kv_cache, meta, paged_attention):  # type: ignore[no-untyped-def]
-        """(h, residual) -> (h, residual), each (T, H), residual float32; None in the first layer (h is then x)."""
+    def forward(self, h, residual, cos, sin_signed, kv_cache, meta, paged_attention, lora=None):  # type: ignore[no-untyped-def]
+        """(h, residual) -> (h, residual), each (T, H), residual float32; None in the first layer (h is then x).
+        `lora`: the step's adapter rows (engine/worker/lora/batch.py), None when it has none."""
         # Submodules are called through .forward, not nn.Module.__call__ (hooks, which nothing here
         # registers): 30 layers x 3 calls a step, ~1 us each, are a share of a small batch's step.
         if residual is None:
@@ -59,9 +63,10 @@ class DecoderLayer(nn.Module):
             h = self.input_norm.forward(residual)
         else:
             h, residual = self.input_norm.add_norm(h, residual)
-        h = self.attn.forward(h, cos, sin_signed, kv_cache, meta, paged_attention)
+        h = self.attn.forward(h, cos, sin_signed, kv_cache, meta, paged_attention, lora)
         h, residual = self.pre_mlp_norm.add_norm(self._block_output(h, self.attn_out_norm), residual)
-        return self._block_output(self.mlp.forward(h), self.mlp_out_norm), residual
+        h = self.mlp.forward(h) if lora is None else self.mlp.forward(h, lora)  # a sparse MLP never has a LoRA
+        return self._block_output(h, self.mlp_out_norm), residual
 
     def _block_output(self, h: torch.Tensor, out_norm: RMSNorm | None) -> torch.Tensor:
         """A block's output as it joins the residual stream: Gemma's extra norm, Granite's scale."""
@@ -95,6 +100,7 @@ class DecoderModel(nn.Module):
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],  # per layer: (num_blocks, block_size, n_kv, hd) x2
         meta: AttentionMetadata,
         paged_attention: PagedAttentionOp,
+        lora: LoraBatch | None = None,
     ) -> torch.Tensor:  # (T, H) float32, before the final norm
         h, residual = self.embed_tokens(input_ids), None  # (T, H)
         if self.shape.embed_scale != 1.0:  # Gemma's sqrt(H), rounded to the model dtype as transformers does
@@ -104,7 +110,7 @@ class DecoderModel(nn.Module):
             angles.append(self.local_rotary.lookup(positions))
         for layer, kv_cache, local in zip(self.layers, kv_caches, self.rotary_of_layer, strict=True):
             cos, sin_signed = angles[local]
-            h, residual = layer.forward(h, residual, cos, sin_signed, kv_cache, meta, paged_attention)
+            h, residual = layer.forward(h, residual, cos, sin_signed, kv_cache, meta, paged_attention, lora)
         return h.float() if residual is None else residual + h
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:  # (T,) -> (T, H)

@@ -21,6 +21,7 @@ from engine.scheduling.request_checks import validate_request
 from engine.serving.server import EngineServer, ServerConfig
 from engine.serving.synthetic_core import SyntheticCore
 from engine.step_failures import RequestsFailed
+from engine.worker.lora.errors import LoraNotFound
 from shared.model_info import ModelInfo
 from shared.protocol import AddRequest
 from shared.sampling import SamplingParams
@@ -48,6 +49,8 @@ class FakeCore(SyntheticCore):
         validate_request(request, config, lambda n: -(-n // self.block_size), 10**6, self.info.vocab_size)
         if request.sampling.max_tokens > 10_000:
             raise ValueError("max_tokens too large for the fake core")
+        if request.lora_name:  # the real core without that adapter (engine/core.py)
+            raise LoraNotFound(f"the model {request.lora_name!r} does not exist")
         super().add_request(request)
 
     def abort_requests(self, request_ids: Iterable[str]) -> list[RequestDelta]:

@@ -16,6 +16,7 @@ import zmq
 from engine.step_failures import RequestsFailed
 from shared.model_info import ModelInfo
 from shared.protocol import (
+    MODEL_NOT_FOUND,
     PROTOCOL_VERSION,
     REQUEST_FAILED,
     Abort,
@@ -164,6 +165,14 @@ def test_bad_requests_get_a_request_error_and_the_engine_goes_on(
     assert problem in err.message
     gw.send(add("fine", max_tokens=1))
     assert gw.recv_until_finished({"fine"})
+
+
+def test_an_adapter_the_engine_does_not_serve_is_model_not_found(engine: Running, ctx: zmq.Context) -> None:
+    """Unloaded since the gateway's Ready: the gateway turns this code into a 404 model_not_found."""
+    gw = RawGateway(ctx, engine.server.address)
+    gw.send(AddRequest("gone", [1], SamplingParams(), lora_name="sql"))
+    err = gw.recv()
+    assert isinstance(err, Error) and (err.request_id, err.code, err.param) == ("gone", MODEL_NOT_FOUND, "model")
 
 
 def test_duplicate_request_id_in_flight_is_refused(engine: Running, ctx: zmq.Context) -> None:

@@ -76,3 +76,12 @@ async def test_a_redis_outage_keeps_the_last_view() -> None:
     await replicas.close()
     await broken.aclose()
     await a.stop()
+
+
+def test_records_carry_adapters_and_older_records_still_decode() -> None:
+    from shared.engine_registry import decode_record
+
+    with_adapters = EngineRecord("tcp://h:1", "smollm2", 64, 512, 1, "h", [{"name": "sql", "parent": "smollm2"}])
+    assert decode_record(encode_record(with_adapters)) == with_adapters
+    older = '{"address": "tcp://h:1", "host": "h", "max_model_len": 512, "model": "smollm2", "num_blocks": 64, "pid": 1}'
+    assert decode_record(older) == EngineRecord("tcp://h:1", "smollm2", 64, 512, 1, "h")

@@ -1,0 +1,12 @@
+"""LoRA adapters on the one base model: many fine-tunes served side by side, in one batch.
+
+    adapter.py    a PEFT folder -> LoraAdapter: per layer and fused projection, A stacked for one
+                  shrink product and each target's B (scale folded in) over its output slice;
+                  checked against the base model's shapes, a LoraError (a 400) naming the problem
+    registry.py   adapter names -> loads (each load a new, never reused id: the prefix cache's key),
+                  unload while requests still run, the --max-cpu-loras host cache
+    batch.py      one step's rows grouped by adapter; each projection adds x[rows] A^T B^T per group
+
+The scheduler sees only a request's adapter id (engine/scheduling/lora_gate.py); the layers see
+only a LoraBatch. A step without adapter rows builds no LoraBatch and pays nothing.
+"""

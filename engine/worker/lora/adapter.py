@@ -1,0 +1,180 @@
+"""One LoRA adapter read from a PEFT folder and laid onto our fused projections.
+
+    adapter_config.json      r, lora_alpha, target_modules, use_rslora
+    adapter_model.safetensors  ...layers.{i}.self_attn.q_proj.lora_A.weight (r, in)
+                               ...layers.{i}.self_attn.q_proj.lora_B.weight (out, r)
+
+PEFT computes y = x W^T + scale (x A^T) B^T with scale = alpha / r (alpha / sqrt(r) with rsLoRA).
+The scale is folded into B once here. Our q/k/v and gate/up are fused matrices, so a target
+becomes a slice of the fused output:
+
+    qkv out columns:   [ q : q_size | k : kv_size | v : kv_size ]      gate_up: [ gate : I | up : I ]
+    shrink: s = x A_stack^T          A_stack = [A_q; A_k; A_v]   (r_q + r_k + r_v, H): one product
+    expand: out[:, q cols] += s[:, r_q cols] B_q^T, and so on per targeted slice
+
+Every shape is checked against the base model's; anything this engine cannot apply exactly
+(DoRA, trained biases, extra saved modules, ranks over --max-lora-rank, MoE experts) is a
+LoraError naming it, never a silently different model. Knows nothing about requests.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from engine.worker.lora.errors import LoraError
+from engine.worker.models.spec import ModelSpec
+
+
+@dataclass(frozen=True)
+class LoraSlice:
+    """One target module inside a fused projection."""
+
+    start: int
+    end: int
+    """Output columns of the fused projection this target adds to."""
+    r0: int
+    r1: int
+    """Columns of the shrink output (the stacked A's rows) that belong to this target."""
+    b: torch.Tensor
+    """(end - start, r1 - r0): lora_B with the scale folded in."""
+
+
+@dataclass(frozen=True)
+class ProjectionLora:
+    a: torch.Tensor
+    """(sum of the slices' ranks, in): every targeted slice's lora_A, stacked."""
+    slices: tuple[LoraSlice, ...]
+
+
+@dataclass(frozen=True)
+class LoraAdapter:
+    name: str
+    path: str
+    load_id: int
+    """Unique per load, never reused: a reload under the same name gets a new one (prefix-cache key)."""
+    rank: int
+    """The largest rank of any target."""
+    layers: tuple[dict[str, ProjectionLora], ...]
+    """Per decoder layer: fused projection ("qkv", "o", "gate_up", "down") -> its LoRA, if targeted."""
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.a.nbytes + sum(s.b.nbytes for s in p.slices) for layer in self.layers for p in layer.values())
+
+
+TARGET_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "qkv_proj",
+                "gate_up_proj")
+_KEY = re.compile(r"layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])\.weight$")
+
+
+def target_layout(spec: ModelSpec) -> dict[str, tuple[str, int, int, int]]:
+    """PEFT target name -> (our fused projection, first output column, end column, input width)."""
+    h, q, kv, inter = spec.hidden_size, spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim, \
+        spec.intermediate_size
+    return {
+        "q_proj": ("qkv", 0, q, h), "k_proj": ("qkv", q, q + kv, h), "v_proj": ("qkv", q + kv, q + 2 * kv, h),
+        "qkv_proj": ("qkv", 0, q + 2 * kv, h), "o_proj": ("o", 0, h, q),
+        "gate_proj": ("gate_up", 0, inter, h), "up_proj": ("gate_up", inter, 2 * inter, h),
+        "gate_up_proj": ("gate_up", 0, 2 * inter, h), "down_proj": ("down", 0, h, inter),
+    }
+
+
+def read_config(folder: Path) -> dict:
+    path = folder / "adapter_config.json"
+    if not path.is_file():
+        raise LoraError(f"{folder}: no adapter_config.json (not a PEFT LoRA folder, or a missing path)")
+    try:
+        config = json.loads(path.read_text())
+    except ValueError as e:
+        raise LoraError(f"{path}: not JSON ({e})") from None
+    if config.get("peft_type", "LORA") != "LORA":
+        raise LoraError(f"{path}: peft_type {config['peft_type']!r} is not LORA")
+    for key, ok in (("use_dora", False), ("bias", "none"), ("modules_to_save", None), ("alpha_pattern", {}),
+                    ("rank_pattern", {})):
+        if config.get(key, ok) not in (ok, None, {}, []):
+            raise LoraError(f"{path}: {key}={config[key]!r} is not supported (only plain LoRA on the projections)")
+    return config
+
+
+def load_adapter(folder: str | Path, name: str, spec: ModelSpec, *, max_rank: int, dtype: torch.dtype,
+                 device: torch.device | str, load_id: int) -> LoraAdapter:
+    """Read, check and lay out one adapter; raises LoraError naming the problem."""
+    folder = Path(folder)
+    config = read_config(folder)
+    tensors = _read_tensors(folder)
+    layout = target_layout(spec)
+    pairs: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
+    for key, tensor in tensors.items():
+        m = _KEY.search(key)
+        if m is None:
+            raise LoraError(f"{folder}: tensor {key!r} is not a LoRA A/B weight of a decoder layer's projection")
+        layer, target, which = int(m[1]), m[2], m[3]
+        if target not in layout:
+            raise LoraError(f"{folder}: target module {target!r} is not one of {TARGET_NAMES}")
+        if layer >= spec.num_layers:
+            raise LoraError(f"{folder}: layer {layer} does not exist (the base model has {spec.num_layers})")
+        if spec.moe and spec.is_sparse(layer) and layout[target][0] in ("gate_up", "down"):
+            raise LoraError(f"{folder}: {target} of layer {layer} is a mixture-of-experts layer (not supported)")
+        pairs.setdefault((layer, target), {})[which] = tensor
+    if not pairs:
+        raise LoraError(f"{folder}: adapter_model.safetensors holds no LoRA weights")
+    alpha = float(config.get("lora_alpha", config.get("r", 8)))
+    layers: list[dict[str, list[tuple[str, torch.Tensor, torch.Tensor]]]] = [{} for _ in range(spec.num_layers)]
+    rank = 0
+    for (layer, target), ab in sorted(pairs.items()):
+        a, b = _checked_pair(folder, layer, target, ab, layout[target], max_rank)
+        r = a.shape[0]
+        rank = max(rank, r)
+        scale = alpha / math.sqrt(r) if config.get("use_rslora") else alpha / r
+        b = b.float() * scale  # folded once, in float32, then rounded to the model dtype
+        layers[layer].setdefault(layout[target][0], []).append((target, a, b))
+    built = tuple({proj: _stack(targets, layout, dtype, device) for proj, targets in layer.items()}
+                  for layer in layers)
+    return LoraAdapter(name, str(folder), load_id, rank, built)
+
+
+def _checked_pair(folder: Path, layer: int, target: str, ab: dict[str, torch.Tensor],
+                  place: tuple[str, int, int, int], max_rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    where = f"{folder}: layers.{layer}.{target}"
+    if set(ab) != {"A", "B"}:
+        raise LoraError(f"{where}: lora_{'A' if 'A' not in ab else 'B'} is missing")
+    a, b = ab["A"], ab["B"]
+    _, start, end, width = place
+    r = a.shape[0]
+    if a.dim() != 2 or b.dim() != 2:
+        raise LoraError(f"{where}: lora_A and lora_B must be matrices")
+    if r > max_rank:
+        raise LoraError(f"{where}: rank {r} is over --max-lora-rank {max_rank}")
+    if a.shape[1] != width or tuple(b.shape) != (end - start, r):
+        raise LoraError(f"{where}: lora_A {tuple(a.shape)} / lora_B {tuple(b.shape)} do not fit the base model "
+                        f"(expected ({r}, {width}) / ({end - start}, {r}))")
+    return a, b
+
+
+def _stack(targets: list[tuple[str, torch.Tensor, torch.Tensor]], layout: dict[str, tuple[str, int, int, int]],
+           dtype: torch.dtype, device: torch.device | str) -> ProjectionLora:
+    slices, r0 = [], 0
+    for target, a, b in targets:
+        _, start, end, _ = layout[target]
+        slices.append(LoraSlice(start, end, r0, r0 + a.shape[0], b.to(dtype).to(device).contiguous()))
+        r0 += a.shape[0]
+    stacked = torch.cat([a for _, a, _ in targets]).to(dtype).to(device).contiguous()
+    return ProjectionLora(stacked, tuple(slices))
+
+
+def _read_tensors(folder: Path) -> dict[str, torch.Tensor]:
+    path = folder / "adapter_model.safetensors"
+    if not path.is_file():
+        raise LoraError(f"{folder}: no adapter_model.safetensors")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is not a dict)
+    except Exception as e:  # a truncated or foreign file: the reader's own words
+        raise LoraError(f"{path}: unreadable ({type(e).__name__}: {e})") from None
