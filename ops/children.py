@@ -40,15 +40,15 @@ def spawn(name: str, argv: list[str], quiet: bool = False, env: dict[str, str] |
                                             env=full_env))
 
 
-def stop_all(children: list[Child]) -> None:
+def stop_all(children: list[Child], grace_s: float = STOP_GRACE_S) -> None:
     """Stop in reverse start order: gateway, engine, redis. SIGTERM, then SIGKILL after the grace."""
     for c in reversed(children):
         if c.proc.poll() is None:
             c.proc.send_signal(signal.SIGTERM)
             try:
-                c.proc.wait(timeout=STOP_GRACE_S)
+                c.proc.wait(timeout=grace_s)
             except subprocess.TimeoutExpired:
-                print(f"pageserve up: {c.name} did not stop in {STOP_GRACE_S:g} s; killing it", file=sys.stderr)
+                print(f"pageserve up: {c.name} did not stop in {grace_s:g} s; killing it", file=sys.stderr)
                 c.proc.kill()
                 c.proc.wait()
         for path in c.cleanup:

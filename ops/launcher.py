@@ -46,7 +46,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
-from ops.children import Child, spawn, stop_all  # Child, stop_all: benchmarks import them from here
+from ops.children import (  # Child, stop_all: benchmarks import them from here
+    STOP_GRACE_S,
+    Child,
+    spawn,
+    stop_all,
+)
 from ops.engine_group import EngineGroup, EngineReplica
 from ops.supervisor import RestartPolicy, RestartTracker
 from shared.model_store import DEFAULT_MODEL
@@ -229,6 +234,10 @@ def engine_command(cli: list[str], config: LaunchConfig, address: str, model: st
     return [*cli, "engine", "--model", model or config.model, "--listen", address, *tp, *config.engine_args]
 
 
+UNSERVED_GRACE_S = 2.0
+"""How long `up` lets a gateway that never served stop before killing it."""
+
+
 @dataclass
 class Running:
     """What `up` started, in start order (stopped in reverse: gateway, engines, redis)."""
@@ -236,6 +245,8 @@ class Running:
     redis: list[Child] = field(default_factory=list)
     engines: EngineGroup | None = None
     gateway: list[Child] = field(default_factory=list)
+    serving: bool = False
+    """The gateway answered /health: from then on it has streams to drain when stopped."""
     temp_logs: Path | None = None
     """The engines' log folder when `up` made it in the temp directory: removed after a clean stop
     (nothing left behind), kept when `up` fails, since its message names a log there."""
@@ -271,7 +282,9 @@ def main(argv: list[str]) -> int:
         print(f"pageserve up: {e}", file=sys.stderr, flush=True)
         return 1
     finally:
-        stop_all(running.children())
+        # A gateway that never served has nothing to drain, and while it waits for its first engine it
+        # does not hear SIGTERM (uvicorn's start-up): a short grace, not the drain's.
+        stop_all(running.children(), STOP_GRACE_S if running.serving else UNSERVED_GRACE_S)
         if status == 0 and running.temp_logs is not None:
             shutil.rmtree(running.temp_logs, ignore_errors=True)
 
@@ -312,6 +325,7 @@ def _run(config: LaunchConfig, running: Running, stopping: Callable[[], bool]) -
     gateway_argv, gateway_env = gateway_command(cli, config, engine_address, redis_url)
     running.gateway.append(spawn("gateway", gateway_argv, env=gateway_env))
     wait_healthy(f"http://{config.host}:{config.port}/health", [], HEALTH_TIMEOUT_S, tick=running.check)
+    running.serving = True
     key = asyncio.run(create_demo_key(redis_url, config.redis_prefix, config.tenant))
     print(f"\npageserve is up: http://{config.host}:{config.port}  (model {', '.join(config.models)}, "
           f"redis {redact_url(redis_url)})")

@@ -59,8 +59,8 @@ def check_same_device(*tensors: torch.Tensor) -> None:
     assert devices == {META}, f"tensors on {devices}"
 
 
-def meta_paged_attention(query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, scale, *,
-                         max_query_len=None, max_seq_len=None):  # type: ignore[no-untyped-def]
+def meta_paged_attention(query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, scale, window=0,
+                         softcap=0.0, *, max_query_len=None, max_seq_len=None):  # type: ignore[no-untyped-def]
     check_same_device(query, key_cache, value_cache, block_tables, query_start_loc, seq_lens)
     return torch.empty_like(query)
 
