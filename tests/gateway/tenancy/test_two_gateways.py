@@ -114,6 +114,11 @@ async def _tenant(cluster: Cluster, name: str, **limits: int) -> str:
 
 async def _burst(cluster: Cluster, key: str, per_gateway: int) -> tuple[list[int], float]:
     """200 simultaneous requests, half at each gateway: (status codes, seconds); anything but 200/429 fails."""
+    responses, elapsed = await _burst_responses(cluster, key, per_gateway)
+    return [r.status_code for r in responses], elapsed
+
+
+async def _burst_responses(cluster: Cluster, key: str, per_gateway: int) -> tuple[list[httpx.Response], float]:
     limits = httpx.Limits(max_connections=per_gateway)
     async with httpx.AsyncClient(timeout=60, limits=limits) as a, httpx.AsyncClient(timeout=60, limits=limits) as b:
         calls = [c.post(f"{url}/v1/chat/completions", json=BODY, headers={"Authorization": f"Bearer {key}"})
@@ -123,7 +128,7 @@ async def _burst(cluster: Cluster, key: str, per_gateway: int) -> tuple[list[int
         elapsed = time.monotonic() - start
     odd = [f"{r.status_code} {r.text[:300]}" for r in responses if r.status_code not in (200, 429)]
     assert not odd, odd[:3]
-    return [r.status_code for r in responses], elapsed
+    return list(responses), elapsed
 
 
 def test_two_gateways_admit_exactly_the_daily_budget(cluster: Cluster):
@@ -187,15 +192,7 @@ def test_two_gateways_admit_exactly_a_tenant_rpm_on_one_model_and_count_its_usag
 
 async def _burst_usage(cluster: Cluster, key: str, per_gateway: int) -> tuple[list[int], float, tuple[int, int]]:
     """As `_burst`, also adding up the usage the admitted clients were told (prompt, completion)."""
-    limits = httpx.Limits(max_connections=per_gateway)
-    async with httpx.AsyncClient(timeout=60, limits=limits) as a, httpx.AsyncClient(timeout=60, limits=limits) as b:
-        calls = [c.post(f"{url}/v1/chat/completions", json=BODY, headers={"Authorization": f"Bearer {key}"})
-                 for c, url in ((a, cluster.urls[0]), (b, cluster.urls[1])) for _ in range(per_gateway)]
-        start = time.monotonic()
-        responses = await asyncio.gather(*calls)
-        elapsed = time.monotonic() - start
-    odd = [f"{r.status_code} {r.text[:300]}" for r in responses if r.status_code not in (200, 429)]
-    assert not odd, odd[:3]
+    responses, elapsed = await _burst_responses(cluster, key, per_gateway)
     refused = [r for r in responses if r.status_code == 429]
     assert all("on model smollm2" in r.json()["error"]["message"] for r in refused)
     usages = [r.json()["usage"] for r in responses if r.status_code == 200]
