@@ -12,7 +12,7 @@ This module imports torch only for dtype sizes; it knows nothing about weights o
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
@@ -115,16 +115,10 @@ class ModelSpec:
     """Logits divided by this (Granite's logits_scaling)."""
     final_softcap: float = 0.0
     """Logits become cap * tanh(logits / cap) (Gemma 2's final_logit_softcapping); 0: none."""
-    extra: dict[str, Any] = field(default_factory=dict, compare=False)
-    """Reader notes kept for logs (never read by the forward)."""
 
     @property
     def scale(self) -> float:
         return self.attn_scale or self.head_dim**-0.5
-
-    @property
-    def rope(self) -> RopeSpec:
-        return RopeSpec(self.rope_theta, self.rope_scaling, self.rotary_dim)
 
     def window(self, layer: int) -> int:
         return self.layer_windows[layer] if self.layer_windows else 0
@@ -161,7 +155,7 @@ class ModelSpec:
 
 _NUMBERS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
             "head_dim", "rms_norm_eps", "rope_theta", "rope_scaling", "tie_word_embeddings", "attention_bias",
-            "max_position_embeddings", "architecture", "extra")
+            "max_position_embeddings", "architecture")
 
 
 @dataclass(frozen=True)
