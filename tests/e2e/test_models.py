@@ -27,6 +27,7 @@ from gateway.tenancy import TenantStore, connect
 from gateway.tenancy.model_access import ModelAccess
 from shared.model_store import resolve_model
 from tests.e2e.conftest import E2E_DTYPE, START_TIMEOUT_S, _spawn, _stop, _wait_healthy
+from tests.support.model_routes import every_model_route
 from tests.support.redis_server import free_port
 from tests.support.tiny_model import tiny_llama_folder
 
@@ -108,14 +109,6 @@ def _wait_for_models(stack: TwoModelStack) -> None:
             time.sleep(0.3)
 
 
-def _every_route(stack: TwoModelStack, model: str, tenant: str) -> list[tuple[int, bytes]]:
-    calls = [stack.get(f"/v1/models/{model}", tenant),
-             stack.post("/v1/chat/completions", {**CHAT, "model": model}, tenant),
-             stack.post("/v1/completions", {"model": model, "prompt": "hi", "max_tokens": 2}, tenant),
-             stack.post("/tokenize", {"model": model, "prompt": "hi"}, tenant),
-             stack.post("/detokenize", {"model": model, "tokens": [1]}, tenant)]
-    return [(r.status_code, r.content) for r in calls]
-
 
 def test_a_tenant_sees_streams_and_is_refused_by_its_model_list(models_stack: TwoModelStack) -> None:
     stack = models_stack
@@ -124,8 +117,8 @@ def test_a_tenant_sees_streams_and_is_refused_by_its_model_list(models_stack: Tw
     chunks = list(client.chat.completions.create(model=SMALL, messages=[{"role": "user", "content": "Say hi"}],
                                                  max_tokens=4, stream=True))
     assert chunks and all(c.model == SMALL for c in chunks)
-    hidden = _every_route(stack, TINY, "small")
-    absent = _every_route(stack, "no-such-model", "small")
+    hidden = every_model_route(stack, TINY, "small")
+    absent = every_model_route(stack, "no-such-model", "small")
     assert {status for status, _ in hidden} == {404}
     assert hidden == [(s, body.replace(b"no-such-model", TINY.encode())) for s, body in absent]
     for model in (SMALL, TINY):  # a tenant allowed both uses both

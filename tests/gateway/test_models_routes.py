@@ -32,6 +32,7 @@ from gateway.tenancy.redis_conn import connect
 from gateway.tenancy.store import TenantStore
 from tests.gateway.conftest import echo_script
 from tests.gateway.fakes import MODEL_INFO, FakeEngine
+from tests.support.model_routes import every_model_route
 
 SMALL, TINY = "smollm2", "tiny-llama"
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
@@ -158,18 +159,10 @@ def test_models_list_shows_exactly_what_the_tenant_may_use(gw: Harness) -> None:
     assert _ids(gw.get("/v1/models", "none")) == []  # an empty list is no model, never all
 
 
-def _every_route(gw: Harness, model: str, tenant: str) -> list[tuple[int, bytes]]:
-    calls = [gw.get(f"/v1/models/{model}", tenant),
-             gw.post("/v1/chat/completions", {**CHAT, "model": model}, tenant),
-             gw.post("/v1/completions", {"model": model, "prompt": "hi", "max_tokens": 2}, tenant),
-             gw.post("/tokenize", {"model": model, "prompt": "hi"}, tenant),
-             gw.post("/detokenize", {"model": model, "tokens": [1]}, tenant)]
-    return [(r.status_code, r.content) for r in calls]
 
-
-def test_a_hidden_model_answers_like_an_absent_one_on_every_route(gw: Harness) -> None:
-    hidden = _every_route(gw, TINY, "small")
-    absent = _every_route(gw, "never-served", "both")  # not registered, asked by a tenant allowed all
+def test_a_hidden_model_answers_like_an_absent_one_onevery_model_route(gw: Harness) -> None:
+    hidden = every_model_route(gw, TINY, "small")
+    absent = every_model_route(gw, "never-served", "both")  # not registered, asked by a tenant allowed all
     assert hidden == [(status, body.replace(b"never-served", TINY.encode())) for status, body in absent]
     assert {status for status, _ in hidden} == {404}
     body = gw.get(f"/v1/models/{TINY}", "small").json()
