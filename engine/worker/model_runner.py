@@ -26,6 +26,7 @@ from engine.worker.kv_cache import CacheLayout, KVCache
 from engine.worker.layers.attention import KernelPagedAttention, PagedAttentionOp, TorchPagedAttention
 from engine.worker.logprobs import beam_candidates
 from engine.worker.lora.batch import LoraBatch, build_lora_batch
+from engine.worker.lora.device_weights import LoraSlots
 from engine.worker.lora.registry import LoraRegistry
 from engine.worker.models.decoder import DecoderModel
 from engine.worker.native_layers import NativeLayers
@@ -78,6 +79,8 @@ class ModelRunner:
         """Prompt logprobs of requests whose prompt spans several chunks, until its end is computed."""
         self.loras: LoraRegistry | None = None
         """--enable-lora: the adapters chunks' lora_id name (EngineCore sets it); None: no adapter rows ever."""
+        self.lora_slots = LoraSlots()
+        """On CUDA: the active adapters stacked for the Triton LoRA kernels, kept while the set is unchanged."""
         self.before_step: Callable[[SchedulerOutput], None] | None = None
         """Tensor parallelism: sends the step to the other ranks first (engine/worker/parallel/leader.py)."""
 
@@ -128,4 +131,4 @@ class ModelRunner:
             return None
         adapters = {c.lora_id: self.loras.adapter(c.lora_id) for c in chunks if c.lora_id}
         return build_lora_batch([len(c.token_ids) for c in chunks], [c.lora_id for c in chunks], adapters,
-                                self.device)
+                                self.device, self.lora_slots)

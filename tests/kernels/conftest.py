@@ -24,6 +24,9 @@ _KERNEL_MODULES = (
     "pageserve_kernels.paged_attention",
     "pageserve_kernels.write_kv",
     "pageserve_kernels.copy_blocks",
+    "pageserve_kernels.lora_rows",
+    "pageserve_kernels.lora_shrink",
+    "pageserve_kernels.lora_expand",
 )
 
 

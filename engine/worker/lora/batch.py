@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.worker.lora.adapter import LoraAdapter
+from engine.worker.lora.device_weights import GpuLoraStep, LoraSlots, plan_gpu_step
 
 Rows = slice | torch.Tensor
 
@@ -34,9 +35,14 @@ class LoraGroup:
 @dataclass(frozen=True)
 class LoraBatch:
     groups: tuple[LoraGroup, ...]
+    gpu: GpuLoraStep | None = None
+    """A CUDA step's groups for the Triton kernels (device_weights.py); None on the CPU."""
 
     def add(self, out: torch.Tensor, x: torch.Tensor, layer: int, projection: str) -> None:
         """out (T, N) += each group's LoRA term of `projection` in `layer`, computed from x (T, K), in place."""
+        if self.gpu is not None:
+            self.gpu.add(out, x, layer, projection)
+            return
         for group in self.groups:
             lora = group.adapter.layers[layer].get(projection)
             if lora is None:
@@ -48,9 +54,10 @@ class LoraBatch:
 
 
 def build_lora_batch(row_counts: Sequence[int], lora_ids: Sequence[int], adapters: Mapping[int, LoraAdapter],
-                     device: torch.device) -> LoraBatch | None:
+                     device: torch.device, slots: LoraSlots | None = None) -> LoraBatch | None:
     """`row_counts[i]` rows of chunk i (in step order) run under adapter `lora_ids[i]` (0: the base model).
-    None when no row has an adapter: the step pays nothing."""
+    None when no row has an adapter: the step pays nothing. On CUDA the batch also carries the kernels'
+    layout, its weights from `slots` (the caller's cache of the last stacked set)."""
     if not any(lora_ids):
         return None
     rows: dict[int, list[int]] = {}
@@ -65,4 +72,5 @@ def build_lora_batch(row_counts: Sequence[int], lora_ids: Sequence[int], adapter
         picked: Rows = (slice(indices[0], indices[-1] + 1) if contiguous
                         else torch.tensor(indices, dtype=torch.int64, device=device))
         groups.append(LoraGroup(picked, adapters[lora_id]))
-    return LoraBatch(tuple(groups))
+    gpu = plan_gpu_step(rows, adapters, slots or LoraSlots(), device) if device.type == "cuda" else None
+    return LoraBatch(tuple(groups), gpu)
