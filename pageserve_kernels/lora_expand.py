@@ -9,6 +9,7 @@ of q and v only has two, one of the whole qkv_proj has one spanning all three):
     out[row, start:end] += s[p, r0:r1] @ b[slot, b_row0 : b_row0 + end - start, :r1 - r0]^T
 
     s (M, R) float32 (lora_shrink.py)   b (S, NB, RB) each slot's slices' B stacked by rows   out (T, N)
+    b is zero past each slice's rank; RB a power of two >= 16 (`padded_rank`) keeps B's loads unmasked
 
 grid = (row blocks of the largest group, N blocks, groups). Program (i, j, g) accumulates the slices
 of g's slot that cross its BLOCK_N columns in float32, then reads, adds and writes its out tile once
@@ -50,6 +51,7 @@ def _lora_expand_kernel(
     group_start_ptr,  # (G + 1,)
     group_slot_ptr,  # (G,)
     N,
+    RB,
     stride_sm,
     stride_bs,
     stride_bn,
@@ -58,6 +60,7 @@ def _lora_expand_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_R: tl.constexpr,
+    B_PADDED: tl.constexpr,
     UPCAST: tl.constexpr,
     EXACT_BF16: tl.constexpr,
 ):
@@ -79,11 +82,13 @@ def _lora_expand_kernel(
         if (start < n_lo + BLOCK_N) & (stop > n_lo):
             crossed += 1
             n_ok = (n >= start) & (n < stop)
-            r_ok = rk < r1 - r0
             st = tl.load(s_ptr + pos[:, None] * stride_sm + (r0 + rk)[None, :],
-                         mask=row_ok[:, None] & r_ok[None, :], other=0.0)  # (BLOCK_M, BLOCK_R) float32
+                         mask=row_ok[:, None] & (rk < r1 - r0)[None, :], other=0.0)  # (BLOCK_M, BLOCK_R) fp32
             b_rows = b_ptr + slot * stride_bs + (b_row0 + n - start).to(tl.int64)[None, :] * stride_bn
-            bt = tl.load(b_rows + rk[:, None], mask=r_ok[:, None] & n_ok[None, :], other=0.0)  # (BLOCK_R, BLOCK_N)
+            # B's rows are zero past each slice's rank, so a slot padded to BLOCK_R needs no rank mask:
+            # its loads are whole 16-byte vectors along the rank (a mask read from memory would split them)
+            b_ok = n_ok[None, :] if B_PADDED else (rk < RB)[:, None] & n_ok[None, :]
+            bt = tl.load(b_rows + rk[:, None], mask=b_ok, other=0.0)  # (BLOCK_R, BLOCK_N)
             if not UPCAST:
                 st = st.to(bt.dtype)
             acc += lora_dot(st, bt, UPCAST)
@@ -94,6 +99,12 @@ def _lora_expand_kernel(
     ok = row_ok[:, None] & (n < N)[None, :]
     total = tl.load(out_ptrs, mask=ok, other=0.0).to(tl.float32) + acc
     tl.store(out_ptrs, store_cast(total, out_ptr.dtype.element_ty, EXACT_BF16), mask=ok)
+
+
+def padded_rank(rank: int) -> int:
+    """The rank tile of the expand: a power of two, at least tl.dot's 16. A b whose last dimension is
+    already this wide (device_weights.py pads it) loads without a rank mask."""
+    return max(16, triton.next_power_of_2(rank))
 
 
 def _check(s: torch.Tensor, b: torch.Tensor, slices: torch.Tensor, out: torch.Tensor) -> None:
@@ -136,13 +147,13 @@ def lora_expand(
     groups, rank_b = group_slot.shape[0], b.shape[2]
     if groups == 0 or max_rows == 0 or slices.shape[1] == 0:
         return
-    block_m, block_n = launch_block_m(max_rows), 64
+    block_m, block_n, block_r = launch_block_m(max_rows), 64, padded_rank(rank_b)
     grid = (triton.cdiv(max_rows, block_m), triton.cdiv(out.shape[1], block_n), groups)
     _lora_expand_kernel[grid](
-        s, b, out, slices, row_indices, group_start, group_slot, out.shape[1],
+        s, b, out, slices, row_indices, group_start, group_slot, out.shape[1], rank_b,
         s.stride(0), b.stride(0), b.stride(1), out.stride(0),
-        NUM_SLICES=slices.shape[1], BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_R=max(16, triton.next_power_of_2(rank_b)), UPCAST=upcast_dots(out.dtype),
+        NUM_SLICES=slices.shape[1], BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_R=block_r,
+        B_PADDED=rank_b == block_r, UPCAST=upcast_dots(out.dtype),
         EXACT_BF16=exact_bf16(out.dtype),
     )  # fmt: skip
 

@@ -69,16 +69,19 @@ def test_shrink_matches_reference(dtype, split_k) -> None:
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_expand_matches_reference_and_leaves_base_rows(dtype) -> None:
+@pytest.mark.parametrize("b_width", [16, 21])  # the slots' padded B, and one whose rank tile needs a mask
+def test_expand_matches_reference_and_leaves_base_rows(dtype, b_width) -> None:
     gen = torch.Generator().manual_seed(2)
     step = gpu_step(adapters(dtype))
     slots = step.weights.layers[0]["qkv"]
     rows = (step.row_indices, step.group_start, step.group_slot)
     s = torch.randn(step.row_indices.shape[0], slots.a.shape[1], generator=gen)
+    b = torch.cat([slots.b, torch.zeros(*slots.b.shape[:2], b_width - 16, dtype=dtype)], dim=2)
+    b[1, 651:] = float("inf")  # rows no slice of slot 1 (q and v: 521 + 130 rows) owns: never read
     out = torch.randn(T, N, generator=gen).to(dtype)
     want, before = out.clone(), out.clone()
-    lora_expand(s, slots.b, slots.slices, out, *rows, step.max_rows)
-    lora_expand_ref(s, slots.b, slots.slices, want, *rows)
+    lora_expand(s, b, slots.slices, out, *rows, step.max_rows)
+    lora_expand_ref(s, b, slots.slices, want, *rows)
     assert_close(out, want, dtype)
     base = sorted(set(range(T)) - {r for rs in ROWS.values() for r in rs})
     assert torch.equal(out[base], before[base])  # rows in no group are never written

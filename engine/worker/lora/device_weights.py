@@ -4,6 +4,7 @@
         a       (S, R, K)    slot i's stacked A in rows 0 .. rank[i]; the rest zero (never read)
         rank    (S,)         0 for an adapter that does not target this projection: its programs return
         b       (S, NB, RB)  slot i's slices' B, one under the other by rows, ranks zero-padded to RB
+                             (a power of two >= 16: the expand kernel then reads B in whole vectors)
         slices  (S, C, 5)    (start, end, r0, r1, b_row0) per slice; end == start: unused entry
     rows (per step, shared by every layer): pageserve_kernels/lora_rows.py's row_indices, group_start,
         group_slot, built once on the host from the planner's lists and copied in one transfer
@@ -53,7 +54,7 @@ def stack_projection(loras: Sequence[ProjectionLora | None]) -> ProjectionSlots:
     rank = max(p.a.shape[0] for p in some)
     num_slices = max(len(p.slices) for p in some)
     b_rows = max(sum(s.end - s.start for s in p.slices) for p in some)
-    b_rank = max(s.r1 - s.r0 for p in some for s in p.slices)
+    b_rank = max(16, 1 << (max(s.r1 - s.r0 for p in some for s in p.slices) - 1).bit_length())  # padded_rank
     a = torch.zeros(num, rank, width, dtype=like.dtype, device=like.device)
     b = torch.zeros(num, b_rows, b_rank, dtype=like.dtype, device=like.device)
     table = torch.zeros(num, num_slices, 5, dtype=torch.int32)
