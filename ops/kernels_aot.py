@@ -32,6 +32,8 @@ class Variant:
     num_warps: int = 4
     num_stages: int = 3
     wants_async_kv: bool = False
+    aligned_ints: tuple[str, ...] = ()
+    """Integer args a real launch sees as multiples of 16 (Triton specialises them): a model's widths."""
 
 
 DTYPE = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
@@ -93,12 +95,37 @@ def other_variants(dtype: str) -> list[Variant]:
     ]
 
 
+def lora_variants(dtype: str, prompt: bool) -> list[Variant]:
+    """The LoRA shrink/expand of a decode step (16-row tiles, split-K) or of prompt chunks (64 rows)."""
+    t, rows = DTYPE[dtype], 64 if prompt else 16
+    index_ptrs = {n: "*i32" for n in ("row_indices_ptr", "group_start_ptr", "group_slot_ptr")}
+    kind = "prompt" if prompt else "decode"
+    return [
+        Variant(
+            f"lora_shrink {dtype} {kind}",
+            "pageserve_kernels.lora_shrink:_lora_shrink_kernel",
+            {"x_ptr": f"*{t}", "a_ptr": f"*{t}", "s_ptr": "*fp32", "slot_rank_ptr": "*i32", **index_ptrs},
+            {"BLOCK_M": rows, "BLOCK_R": 64, "BLOCK_K": 64, "SPLIT_K": 1 if prompt else 8, "UPCAST": False},
+            aligned_ints=("K",),
+        ),
+        Variant(
+            f"lora_expand {dtype} {kind}",
+            "pageserve_kernels.lora_expand:_lora_expand_kernel",
+            {"s_ptr": "*fp32", "b_ptr": f"*{t}", "out_ptr": f"*{t}", "slices_ptr": "*i32", **index_ptrs},
+            {"NUM_SLICES": 3, "BLOCK_M": rows, "BLOCK_N": 64, "BLOCK_R": 16, "B_PADDED": True, "UPCAST": False,
+             "EXACT_BF16": False},
+            aligned_ints=("N", "RB"),
+        ),
+    ]
+
+
 def variants(quick: bool) -> list[Variant]:
     if quick:
         return [
             attention_variant("float16", 128, 4, True, 8),
             attention_variant("bfloat16", 64, 3, False, 1),
             *other_variants("bfloat16"),
+            *lora_variants("bfloat16", prompt=False),
         ]
     out = []
     for dtype in DTYPE:
@@ -110,6 +137,7 @@ def variants(quick: bool) -> list[Variant]:
         out.append(attention_variant(dtype, 128, 4, True, 8, bs=32))
         out.append(attention_variant(dtype, 64, 3, False, 1, bs=32))
         out.extend(other_variants(dtype))
+        out.extend(lora_variants(dtype, prompt=False) + lora_variants(dtype, prompt=True))
     return out
 
 
@@ -140,7 +168,8 @@ def compile_variant(v: Variant, arch: int) -> Compiled:
     # kernel marks do_not_specialize (batch size, split count, table width) get no such hint.
     loose = set(getattr(fn, "do_not_specialize", ()))
     loose |= {fn.arg_names[i] for i in loose if isinstance(i, int)}
-    aligned = [a for a in fn.arg_names if (a in v.ptr_types or a.startswith("stride_")) and a not in loose]
+    aligned = [a for a in fn.arg_names
+               if (a in v.ptr_types or a.startswith("stride_") or a in v.aligned_ints) and a not in loose]
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}
     src = ASTSource(fn, signature, v.constexprs, attrs)
     options = {"num_warps": v.num_warps, "num_stages": v.num_stages}

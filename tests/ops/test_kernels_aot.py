@@ -24,7 +24,10 @@ def test_representative_kernels_compile_for_sm90() -> None:
     result = run_aot("--quick")
     assert result.returncode == 0, result.stdout + result.stderr
     lines = [line for line in result.stdout.splitlines() if line.startswith(("ok", "FAIL"))]
-    assert len(lines) == 5 and all(line.startswith("ok") for line in lines)
+    assert len(lines) == 7 and all(line.startswith("ok") for line in lines)
+    assert sum(" lora_" in line for line in lines) == 2  # the LoRA shrink and expand of a decode step
+    shrink = next(line for line in lines if "lora_shrink" in line)
+    assert " 0 16B async copies" not in shrink  # A and x stream through pipelined 16-byte copies
     decode = next(line for line in lines if "decode" in line)
     assert " 0 16B async copies" not in decode
 
