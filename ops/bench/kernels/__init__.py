@@ -1,6 +1,7 @@
 """Kernel benchmarks, run as modules (they print tables; none is a test):
 
     attention.py   GPU decode attention against the device's copy bandwidth (python -m ops.bench.kernels.attention)
+    lora.py        GPU LoRA: the Triton shrink + expand against the per-adapter PyTorch path (python -m ops.bench.kernels.lora)
     fused.py       the C layer ops against PyTorch on the CPU
     cpu_decode.py  the CPU decode attention kernel's loop variants (scalar, AVX2, AVX-512, ...) and the pick
     cpu_prefill.py CPU prompt attention: the C kernel against PyTorch's SDPA on any chunk mix, and the pick
