@@ -31,6 +31,9 @@
     merge_splits.py     Triton: reduces paged attention's split-K partial results
     write_kv.py         Triton: new keys/values into their cache slots
     copy_blocks.py      Triton: copy-on-write block copies, every layer in one launch
+    lora_shrink.py      Triton: LoRA shrink, s = x[rows] A[slot]^T for every adapter group of a step in one launch
+    lora_expand.py      Triton: LoRA expand, out[rows, slice] += s B[slot, slice]^T in place, all groups and
+                        fused slices (q/k/v, gate/up) in one launch; lora_rows.py their row-group layout
     block_moves.py      the engine's one path for KV block moves: copy-on-write (the backend's
                         copy_blocks), swaps with a pinned pool on a side stream on GPUs
     warmup.py           every Triton variant an engine can request, compiled at start-up

@@ -6,6 +6,8 @@
     registry.py   adapter names -> loads (each load a new, never reused id: the prefix cache's key),
                   unload while requests still run, the --max-cpu-loras host cache
     batch.py      one step's rows grouped by adapter; each projection adds x[rows] A^T B^T per group
+    device_weights.py  on CUDA: the active adapters stacked into weight slots and the step's rows as
+                  one index list, for the Triton shrink/expand kernels (two launches per projection)
 
 The scheduler sees only a request's adapter id (engine/scheduling/lora_gate.py); the layers see
 only a LoraBatch. A step without adapter rows builds no LoraBatch and pays nothing.
