@@ -80,9 +80,11 @@ def _lora_shrink_kernel(
 
 def shrink_split_k(max_rows: int, groups: int, k: int, block_k: int) -> int:
     """K splits for a launch of `groups` groups of up to `max_rows` rows: enough programs to keep a GPU's
-    SMs reading A when the rows alone give a handful (decode), none when prompt rows already do."""
+    SMs reading A when the rows alone give a handful (decode), none when prompt rows already do. A power
+    of two up to 16: each value is a compiled binary, so few values."""
     programs = groups * triton.cdiv(max_rows, launch_block_m(max_rows))
-    return max(1, min(triton.cdiv(k, block_k), 128 // programs))
+    want = max(1, min(triton.cdiv(k, block_k), 128 // programs, 16))
+    return 1 << (want.bit_length() - 1)
 
 
 def lora_shrink(

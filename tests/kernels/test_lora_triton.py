@@ -16,7 +16,7 @@ from pageserve_kernels import lora_expand as expand_module
 from pageserve_kernels import lora_shrink as shrink_module
 from pageserve_kernels.checks import KernelArgError, interpreting
 from pageserve_kernels.lora_expand import lora_expand, lora_expand_ref
-from pageserve_kernels.lora_shrink import lora_shrink, lora_shrink_ref
+from pageserve_kernels.lora_shrink import lora_shrink, lora_shrink_ref, shrink_split_k
 
 K, N, T = 123, 781, 37
 QKV = ((0, 521), (521, 651), (651, 781))  # q, k, v output columns of a fused projection of width N
@@ -164,6 +164,14 @@ def test_slots_restack_only_when_the_set_changes() -> None:
     other = plan_gpu_step({2: [0]}, loras, slots, torch.device("cpu"))
     assert other.weights is not first.weights and slots.stacks == 2
     assert first.weights.layers[1]["qkv"].rank.tolist() == [48, 0]  # q, k, v at 16 each; adapter 3 leaves layer 1 alone
+
+
+def test_split_k_is_a_few_powers_of_two() -> None:
+    """Each split count is a binary Triton compiles: decode steps get powers of two, prompt chunks none."""
+    splits = {shrink_split_k(rows, groups, 4096, 64) for rows in range(1, 300) for groups in range(1, 17)}
+    assert splits == {1, 2, 4, 8, 16}
+    assert shrink_split_k(1, 1, 4096, 64) == 16 and shrink_split_k(2048, 4, 4096, 64) == 1
+    assert shrink_split_k(1, 1, 100, 64) == 2  # never more splits than K has blocks
 
 
 def _launch_args():  # type: ignore[no-untyped-def]
