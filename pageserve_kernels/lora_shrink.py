@@ -114,7 +114,8 @@ def lora_shrink(
         raise KernelArgError("slot_rank", f"need {a.shape[0]} contiguous entries (one per slot) on {x.device}")
     check_row_groups(row_indices, group_start, group_slot, x.device)
     num_slots, rank, k = a.shape
-    s = torch.zeros(row_indices.shape[0], rank, dtype=torch.float32, device=x.device)
+    # rows padded to 16 floats: s's row stride, which Triton specialises on, stays one value for any rank
+    s = torch.zeros(row_indices.shape[0], -(-rank // 16) * 16, dtype=torch.float32, device=x.device)[:, :rank]
     groups = group_slot.shape[0]
     if groups == 0 or max_rows == 0 or rank == 0:
         return s

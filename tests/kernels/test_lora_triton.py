@@ -66,6 +66,7 @@ def test_shrink_matches_reference(dtype, split_k) -> None:
     want = lora_shrink_ref(x, slots.a, slots.rank, *rows)
     assert_close(got, want, dtype)
     assert got[8:25, 16:].abs().max() == 0  # group 2 (positions 8..24): ranks 8 + 8, nothing past them
+    assert got.shape == (25 + 3, 48) and got.stride(0) % 16 == 0  # one binary whatever the rank
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
