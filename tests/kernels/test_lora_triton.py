@@ -162,6 +162,9 @@ def test_slots_restack_only_when_the_set_changes() -> None:
     again = plan_gpu_step({3: [4, 5], 1: [2]}, loras, slots, torch.device("cpu"))  # same set, other order
     assert again.weights is first.weights and slots.stacks == 1
     assert again.group_slot.tolist() == [0, 1] and again.row_indices.tolist() == [2, 4, 5]  # by load id
+    assert again.group_start.tolist() == [0, 1, 3]
+    for t in (again.row_indices, again.group_start, again.group_slot):  # one binary: all 16-byte aligned
+        assert (t.data_ptr() - again.row_indices.data_ptr()) % 16 == 0
     other = plan_gpu_step({2: [0]}, loras, slots, torch.device("cpu"))
     assert other.weights is not first.weights and slots.stacks == 2
     assert first.weights.layers[1]["qkv"].rank.tolist() == [48, 0]  # q, k, v at 16 each; adapter 3 leaves layer 1 alone

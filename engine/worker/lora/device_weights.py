@@ -139,7 +139,16 @@ def plan_gpu_step(rows: Mapping[int, Sequence[int]], adapters: Mapping[int, Lora
     starts = [0]
     for n in counts:
         starts.append(starts[-1] + n)
-    host = torch.tensor([r for i in ids for r in rows[i]] + starts + list(range(len(ids))), dtype=torch.int32)
-    packed = host.to(device)  # one transfer for the three index tensors
-    m, g = starts[-1], len(ids)
-    return GpuLoraStep(weights, packed[:m], packed[m: m + g + 1], packed[m + g + 1:], max(counts))
+    parts = ([r for i in ids for r in rows[i]], starts, list(range(len(ids))))
+    # one transfer for the three; each starts 16 bytes in (Triton specialises on pointer alignment)
+    offsets = [0, _align4(len(parts[0])), _align4(len(parts[0])) + _align4(len(parts[1]))]
+    host = torch.zeros(offsets[2] + len(parts[2]), dtype=torch.int32)
+    for offset, values in zip(offsets, parts, strict=True):
+        host[offset: offset + len(values)] = torch.tensor(values, dtype=torch.int32)
+    packed = host.to(device)
+    views = [packed[offset: offset + len(values)] for offset, values in zip(offsets, parts, strict=True)]
+    return GpuLoraStep(weights, *views, max(counts))
+
+
+def _align4(n: int) -> int:
+    return -(-n // 4) * 4
