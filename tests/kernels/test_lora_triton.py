@@ -167,6 +167,8 @@ def test_slots_restack_only_when_the_set_changes() -> None:
         assert (t.data_ptr() - again.row_indices.data_ptr()) % 16 == 0
     other = plan_gpu_step({2: [0]}, loras, slots, torch.device("cpu"))
     assert other.weights is not first.weights and slots.stacks == 2
+    alone = plan_gpu_step({3: [0]}, loras, LoraSlots(), torch.device("cpu")).weights.layers[0]["qkv"].slices
+    assert alone.shape == (1, 3, 5) and alone[0, 1:].abs().sum() == 0  # one slice, padded to 3: one binary
     assert first.weights.layers[1]["qkv"].rank.tolist() == [48, 0]  # q, k, v at 16 each; adapter 3 leaves layer 1 alone
 
 

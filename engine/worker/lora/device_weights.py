@@ -52,7 +52,9 @@ def stack_projection(loras: Sequence[ProjectionLora | None]) -> ProjectionSlots:
     like = some[0].a
     num, width = len(loras), like.shape[1]
     rank = max(p.a.shape[0] for p in some)
-    num_slices = max(len(p.slices) for p in some)
+    # at least 3 entries (q/k/v): the count is a constexpr of the expand, so o, down and gate_up share
+    # qkv's binary; an unused entry costs a program five scalar loads
+    num_slices = max(3, *(len(p.slices) for p in some))
     b_rows = max(sum(s.end - s.start for s in p.slices) for p in some)
     b_rank = max(16, 1 << (max(s.r1 - s.r0 for p in some for s in p.slices) - 1).bit_length())  # padded_rank
     a = torch.zeros(num, rank, width, dtype=like.dtype, device=like.device)
