@@ -5,12 +5,14 @@
         rank    (S,)         0 for an adapter that does not target this projection: its programs return
         b       (S, NB, RB)  slot i's slices' B, one under the other by rows, ranks zero-padded to RB
                              (a power of two >= 16: the expand kernel then reads B in whole vectors)
-        slices  (S, C, 5)    (start, end, r0, r1, b_row0) per slice; end == start: unused entry
+        slices  (S, C, 5)    (start, end, r0, r1, b_row0) per slice, C >= 3; end == start: unused entry
     rows (per step, shared by every layer): pageserve_kernels/lora_rows.py's row_indices, group_start,
         group_slot, built once on the host from the planner's lists and copied in one transfer
 
 Stacking copies the adapters' weights once per set of active adapters (`LoraSlots` keeps the last
-set: a decode run keeps its set for many steps); a new set restacks, device to device. The layers
+set: a decode run keeps its set for many steps); a new set restacks, device to device. The copy
+doubles the active adapters' device memory while the set runs (slots loaded straight from the host
+cache would not: not built yet). The layers
 still call LoraBatch.add; batch.py hands a CUDA step to `GpuLoraStep.add`, never a CPU one. Knows
 nothing about requests; imports no Triton until a CUDA step runs.
 """
