@@ -36,8 +36,8 @@ def projection(slices: list[tuple[int, int, int]], gen: torch.Generator, dtype: 
 
 
 def adapters(dtype: torch.dtype) -> dict[int, LoraAdapter]:
-    """Three adapters of two layers: rank 16 on q/k/v, rank 8 on q and v, rank 1 on the whole span (and no
-    second layer: its projection is left alone by that adapter)."""
+    """Three adapters of two layers: rank 16 on q/k/v, rank 8 on q and v, rank 1 on the whole span (in
+    layer 0 only: adapter 3 leaves layer 1 alone)."""
     gen = torch.Generator().manual_seed(43)
     specs = {1: [[(s, e, 16) for s, e in QKV]] * 2, 2: [[(*QKV[0], 8), (*QKV[2], 8)]] * 2, 3: [[(0, N, 1)], None]}
     out = {}
@@ -112,6 +112,22 @@ def test_gpu_path_matches_the_cpu_reference(dtype) -> None:
         assert_close(out, want, dtype)
         step.add(out, x, layer, "o")  # no adapter targets it: nothing happens
         assert_close(out, want, dtype)
+
+
+def test_prompt_sized_groups_span_several_row_blocks() -> None:
+    """150 rows of one adapter (three 64-row blocks) beside 2 of another: the small group's extra programs
+    return at once, the large one's cover every row."""
+    loras = adapters(torch.float32)
+    rows = {1: list(range(150)), 3: [150, 169]}
+    gen = torch.Generator().manual_seed(5)
+    x, out = torch.randn(170, K, generator=gen), torch.randn(170, N, generator=gen)
+    want = out.clone()
+    gpu_step(loras, rows).add(out, x, 0, "qkv")
+    ids = [1] * 150 + [3] + [0] * 18 + [3]
+    reference = build_lora_batch([1] * 170, ids, loras, torch.device("cpu"))
+    assert reference is not None
+    reference.add(want, x, 0, "qkv")
+    assert_close(out, want, torch.float32)
 
 
 def test_overlapping_slices_of_one_adapter_add_up() -> None:
