@@ -32,7 +32,8 @@ A request's path through the package:
                      stop_strings.py); the single close/settle
     openai_format.py the exact chunk/response JSON shapes
     prompt_echo.py   echo, prompt logprobs and token ids in those shapes (vLLM's)
-    engine_link.py   keeps an EngineClient (engine_client.py) connected, reconnects after a loss, and
+    engine_link.py   keeps an EngineClient (engine_client.py; request_stream.py: one request's outputs,
+                     engine_errors.py: what it raises) connected, reconnects after a loss, and
                      watches the engine's step counter (a stalled engine fails open streams)
     background_tasks.py  how the owners of background tasks (read loops, heartbeats, probes) stop them
     request_context.py  per request: x-request-id, access-log line, metrics, 503 while draining

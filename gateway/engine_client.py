@@ -42,7 +42,6 @@ import os
 import socket
 import uuid
 from collections.abc import Coroutine
-from types import TracebackType
 from typing import Any
 
 import zmq
@@ -50,6 +49,8 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from gateway.background_tasks import cancel_and_wait
+from gateway.engine_errors import EngineDeadError, EngineError, EngineUnavailableError, RequestFailedError
+from gateway.request_stream import RequestStream, StreamItem
 from shared.curve import ClientKeys, connect_curve
 from shared.model_info import ModelInfo
 from shared.protocol import (
@@ -59,7 +60,6 @@ from shared.protocol import (
     AddRequest,
     Bye,
     Error,
-    Finished,
     GetStats,
     Hello,
     Message,
@@ -67,93 +67,18 @@ from shared.protocol import (
     Ready,
     Stats,
     StepOutputs,
-    TokenDelta,
     decode,
     encode,
 )
 
 log = logging.getLogger("pageserve.engine_client")
 
-StreamItem = TokenDelta | Finished
+__all__ = ["EngineClient", "EngineDeadError", "EngineError", "EngineUnavailableError", "RequestFailedError",
+           "RequestStream", "StreamItem", "default_gateway_id"]
 
 HEARTBEAT_IVL_MS = 1000
 """ZMTP pings run in libzmq's I/O thread, so a busy engine still answers them."""
 HEARTBEAT_TIMEOUT_MS = 10_000
-
-
-class EngineError(Exception):
-    """Base of everything this client raises about the engine."""
-
-
-class EngineUnavailableError(EngineError):
-    """start() could not complete the handshake (no answer in time, or a version mismatch)."""
-
-
-class EngineDeadError(EngineError):
-    """The engine is gone (exited, connection lost, fatal error, or this client closed)."""
-
-
-class RequestFailedError(EngineError):
-    """The engine refused or failed this one request; the engine itself goes on."""
-
-    def __init__(self, message: str, code: str = "", param: str = "") -> None:
-        super().__init__(message)
-        self.code = code
-        """shared.protocol.REQUEST_REJECTED (refused at admission: the caller's fault) or REQUEST_FAILED."""
-        self.param = param
-
-
-class RequestStream:
-    """The outputs of one request, in order; built by EngineClient.submit()."""
-
-    def __init__(self, client: EngineClient, request_id: str, num_samples: int) -> None:
-        self.request_id = request_id
-        self.num_samples = num_samples
-        self._client = client
-        self._queue: asyncio.Queue[StreamItem | EngineError] = asyncio.Queue()
-        self._num_finished = 0
-        self._error: EngineError | None = None
-
-    @property
-    def finished(self) -> bool:
-        """True once every sample finished or the request failed: nothing more will come."""
-        return self._error is not None or self._num_finished == self.num_samples
-
-    def _put(self, item: StreamItem | EngineError) -> None:
-        self._queue.put_nowait(item)
-
-    def __aiter__(self) -> RequestStream:
-        return self
-
-    async def __anext__(self) -> StreamItem:
-        if self._error is not None:
-            raise self._error
-        if self._num_finished == self.num_samples:
-            raise StopAsyncIteration
-        item = await self._queue.get()
-        if isinstance(item, EngineError):
-            self._error = item
-            self._client._forget(self.request_id)
-            raise item
-        if isinstance(item, Finished):
-            self._num_finished += 1
-            if self._num_finished == self.num_samples:
-                self._client._forget(self.request_id)
-        return item
-
-    async def aclose(self) -> None:
-        """Abort the request in the engine unless it is over; stop routing its outputs."""
-        if not self.finished:
-            await self._client.abort(self.request_id)
-        self._client._forget(self.request_id)
-
-    async def __aenter__(self) -> RequestStream:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()
 
 
 def default_gateway_id() -> str:

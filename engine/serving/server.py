@@ -18,8 +18,10 @@ requests get an Error with code SHUTTING_DOWN), give in-flight requests
 A gateway that says Bye, or whose connection is gone (the next send to it
 fails), is forgotten and its requests are aborted.
 
-This module owns the socket, the loop and the process lifecycle (the in-flight
-table in engine/serving/inflight.py does the per-request bookkeeping); it knows neither
+This module owns the loop and the process lifecycle (the in-flight table in
+engine/serving/inflight.py does the per-request bookkeeping, router_socket.py
+configures the socket, server_config.py holds the settings and the core's
+contract); it knows neither
 tokenizers nor HTTP, and nothing about how the core schedules or computes.
 """
 
@@ -31,19 +33,16 @@ import math
 import os
 import socket
 import time
-from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Protocol
 
 import zmq
 
-from engine.outputs import RequestDelta
 from engine.request import Request
 from engine.serving.inflight import InFlightTable
-from engine.serving.step_stats import CoreCounts, StepStats
+from engine.serving.router_socket import open_router
+from engine.serving.server_config import MAX_MESSAGE_BYTES, CoreLike, ServerConfig
+from engine.serving.step_stats import StepStats
 from engine.step_failures import RequestsFailed
 from engine.worker.lora.errors import LoraNotFound
-from shared.curve import serve_curve, server_keys
 from shared.model_info import ModelInfo
 from shared.protocol import (
     DEADLINE_EXCEEDED,
@@ -68,37 +67,7 @@ from shared.protocol import (
 
 log = logging.getLogger("pageserve.engine")
 
-
-class CoreLike(Protocol):
-    """What the server needs from engine.core.EngineCore."""
-
-    def add_request(self, request: Request) -> None: ...
-    def abort_requests(self, request_ids: Iterable[str]) -> list[RequestDelta]:
-        """Stop these requests now (their blocks are freed); the returned deltas are not needed here."""
-        ...
-
-    def step(self) -> list[RequestDelta]: ...
-    def has_unfinished_requests(self) -> bool: ...
-    def counts(self) -> CoreCounts: ...
-
-
-MAX_MESSAGE_BYTES = 64 << 20
-"""Largest frame a gateway may send (a 100k-token prompt is under 1 MiB)."""
-
-
-@dataclass(frozen=True)
-class ServerConfig:
-    listen: str = "tcp://127.0.0.1:5555"
-    """ZeroMQ address to bind: tcp://HOST:PORT or ipc:///path."""
-    shutdown_grace_s: float = 5.0
-    """On SIGTERM, in-flight requests get this long to finish before they are aborted."""
-    close_linger_ms: int = 2000
-    """How long final messages (the shutdown Error) may take to flush at exit."""
-    curve_dir: str | None = None
-    """CURVE keys (shared/curve.py): only authorized gateways connect, traffic is encrypted; None: plain."""
-    request_deadline_s: float | None = None
-    """A request still in flight this long after the engine accepted it is aborted (its blocks freed)
-    and its gateway told (Error code DEADLINE_EXCEEDED, the gateway settles it); None: no deadline."""
+__all__ = ["MAX_MESSAGE_BYTES", "CoreLike", "EngineServer", "ServerConfig"]
 
 
 DEADLINE_CHECK_S = 0.1
@@ -110,21 +79,7 @@ class EngineServer:
         """`info`: the core's model facts (EngineCore.model_info), sent to every gateway in Ready."""
         self.core, self.info, self.config = core, info, config
         self._ctx = zmq.Context()
-        self._sock = self._ctx.socket(zmq.ROUTER)
-        self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a send to a gone gateway raises, not vanishes
-        self._sock.setsockopt(zmq.SNDHWM, 0)  # never drop outputs for a slow gateway
-        self._sock.setsockopt(zmq.RCVHWM, 0)
-        self._sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)  # a bigger frame drops its sender
-        # ZMTP heartbeats (answered by libzmq's I/O thread even mid-step) drop a silently dead
-        # gateway's connection, so the next send to it fails and its requests are aborted.
-        self._sock.setsockopt(zmq.HEARTBEAT_IVL, 1000)
-        self._sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 10_000)
-        self._auth = None if config.curve_dir is None else serve_curve(self._ctx, self._sock,
-                                                                        server_keys(config.curve_dir))
-        if self._auth is None and not _is_loopback(config.listen):
-            log.warning("engine socket %s is not loopback and has no CURVE keys (--curve-dir): any host that "
-                        "reaches it can submit requests", config.listen)
-        self._sock.bind(config.listen)
+        self._sock, self._auth = open_router(self._ctx, config)
         self.address: str = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
         # Signals and other threads wake the poll through this pair (see request_stop).
         self._wake_r, self._wake_w = socket.socketpair()
@@ -383,7 +338,3 @@ class EngineServer:
     def _name(self, gateway: bytes) -> str:
         return self._gateways.get(gateway, gateway.hex())
 
-
-def _is_loopback(address: str) -> bool:
-    host = address.removeprefix("tcp://").rpartition(":")[0]
-    return address.startswith(("ipc://", "inproc://")) or host in ("127.0.0.1", "localhost", "[::1]")
