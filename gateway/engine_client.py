@@ -22,6 +22,9 @@ Usage (the whole interface the rest of the gateway relies on):
     await client.abort(request_id)  # safe at any time; the stream then ends with Finished("abort")
     stats = await client.stats()    # shared.protocol.Stats (running, waiting, free blocks, ...);
                                     # TimeoutError after `timeout` (5 s) without an answer
+    reply = await client.load_adapter(name, path)   # admin (issue 43): AdapterReply once it serves, or
+    reply = await client.unload_adapter(name)       # why not (reply.error, reply.code); model_info follows
+                                                    # the engine's ModelUpdate (sent before the reply)
     await client.close()            # says Bye (the engine aborts this gateway's requests);
                                     # open streams get EngineDeadError("engine client closed")
 
@@ -41,7 +44,7 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import zmq
@@ -57,16 +60,20 @@ from shared.protocol import (
     PROTOCOL_VERSION,
     SHUTTING_DOWN,
     Abort,
+    AdapterReply,
     AddRequest,
     Bye,
     Error,
     GetStats,
     Hello,
+    LoadAdapter,
     Message,
+    ModelUpdate,
     ProtocolError,
     Ready,
     Stats,
     StepOutputs,
+    UnloadAdapter,
     decode,
     encode,
 )
@@ -99,6 +106,7 @@ class EngineClient:
         self._tasks: list[asyncio.Task[None]] = []
         self._streams: dict[str, RequestStream] = {}
         self._stats_waiters: collections.deque[asyncio.Future[Stats]] = collections.deque()
+        self._adapter_calls: dict[str, asyncio.Future[AdapterReply]] = {}
         self._model_info: ModelInfo | None = None
         self._dead: EngineDeadError | None = None
         self.last_step = -1
@@ -209,6 +217,24 @@ class EngineClient:
         await self._send(GetStats())
         return await asyncio.wait_for(waiter, timeout)
 
+    async def load_adapter(self, name: str, path: str, timeout: float = 120.0) -> AdapterReply:
+        """Load (or reload) a LoRA adapter from a folder on the engine's host; answered once it serves."""
+        return await self._adapter_call(lambda call_id: LoadAdapter(call_id, name, path), timeout)
+
+    async def unload_adapter(self, name: str, timeout: float = 30.0) -> AdapterReply:
+        return await self._adapter_call(lambda call_id: UnloadAdapter(call_id, name), timeout)
+
+    async def _adapter_call(self, make: Callable[[str], LoadAdapter | UnloadAdapter], timeout: float) -> AdapterReply:
+        self._check_alive()
+        call_id = uuid.uuid4().hex
+        waiter: asyncio.Future[AdapterReply] = asyncio.get_running_loop().create_future()
+        self._adapter_calls[call_id] = waiter
+        try:
+            await self._send(make(call_id))
+            return await asyncio.wait_for(waiter, timeout)
+        finally:
+            self._adapter_calls.pop(call_id, None)
+
     def fail(self, reason: str) -> None:
         """Give up on the engine (it stalled, or this gateway is stopping): every open stream gets
         EngineDeadError(reason) and the client is unhealthy from now on."""
@@ -263,6 +289,12 @@ class EngineClient:
                 self._route(fin.request_id, fin)
         elif isinstance(msg, Error):
             self._on_error(msg)
+        elif isinstance(msg, ModelUpdate):  # adapters loaded or unloaded: the catalog follows at once
+            self._model_info = msg.model
+        elif isinstance(msg, AdapterReply):
+            waiter = self._adapter_calls.pop(msg.call_id, None)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(msg)
         elif isinstance(msg, Stats):
             # Exactly one answer per GetStats, in order: the oldest waiter's, even if it gave up waiting.
             if self._stats_waiters:
@@ -303,7 +335,9 @@ class EngineClient:
         for stream in list(self._streams.values()):
             stream._put(error)
         self._streams.clear()
-        while self._stats_waiters:
-            waiter = self._stats_waiters.popleft()
+        waiters = [*self._stats_waiters, *self._adapter_calls.values()]
+        self._stats_waiters.clear()
+        self._adapter_calls.clear()
+        for waiter in waiters:
             if not waiter.done():
                 waiter.set_exception(error)

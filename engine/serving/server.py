@@ -33,11 +33,13 @@ import math
 import os
 import socket
 import time
+from collections.abc import Callable
 
 import zmq
 
 from engine.request import Request
 from engine.serving.inflight import InFlightTable
+from engine.serving.lora_calls import LoraCalls
 from engine.serving.router_socket import open_router
 from engine.serving.server_config import MAX_MESSAGE_BYTES, CoreLike, ServerConfig
 from engine.serving.step_stats import StepStats
@@ -57,10 +59,13 @@ from shared.protocol import (
     Error,
     GetStats,
     Hello,
+    LoadAdapter,
     Message,
+    ModelUpdate,
     ProtocolError,
     Ready,
     StepOutputs,
+    UnloadAdapter,
     decode,
     encode,
 )
@@ -93,6 +98,9 @@ class EngineServer:
         self._stop_deadline: float | None = None
         self._next_deadline_check = 0.0
         self.stats = StepStats()
+        self._lora = LoraCalls(core, self._wake)
+        self.on_model_update: Callable[[ModelInfo], None] | None = None
+        """Told the new model facts when adapters load or unload (the Redis announcement, main.py)."""
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -108,6 +116,9 @@ class EngineServer:
         now = time.monotonic()
         # A second request (Ctrl-C twice) skips what is left of the grace period.
         self._stop_deadline = now + self.config.shutdown_grace_s if self._stop_deadline is None else now
+        self._wake()
+
+    def _wake(self) -> None:
         # BlockingIOError: the pipe is full, a wake-up is pending anyway; BrokenPipeError/OSError: the loop
         # has already ended (a fatal error) and closed its end, so there is nothing left to wake.
         with contextlib.suppress(OSError):
@@ -122,6 +133,7 @@ class EngineServer:
                 self._wait_for_io()
                 started = time.perf_counter()
                 self._drain()
+                self._finish_lora_loads()
                 self._expire_deadlines()
                 if self.core.has_unfinished_requests():
                     self._step(started)
@@ -166,6 +178,7 @@ class EngineServer:
         )
 
     def _close(self) -> None:
+        self._lora.close()
         self._sock.close(linger=self.config.close_linger_ms)
         if self._auth is not None:
             self._auth.stop()
@@ -213,6 +226,12 @@ class EngineServer:
                                                     self._inflight.loads()))
         elif isinstance(msg, Bye):
             self._forget_gateway(gateway, f"said goodbye ({msg.reason or 'no reason'})")
+        elif isinstance(msg, LoadAdapter):
+            if (refused := self._lora.load(gateway, msg)) is not None:
+                self._send(gateway, refused)
+        elif isinstance(msg, UnloadAdapter):
+            reply, changed = self._lora.unload(msg)
+            self._answer_lora(gateway, reply, changed)
         else:
             log.warning("unexpected %s from gateway %s", type(msg).__name__, self._name(gateway))
             self._send(gateway, Error(None, "request", f"a gateway may not send {type(msg).__name__}"))
@@ -257,6 +276,20 @@ class EngineServer:
                                       param="model" if not_found else getattr(e, "param", "")))
             return
         self._inflight.add(add, gateway)
+
+    def _finish_lora_loads(self) -> None:
+        for gateway, reply, changed in self._lora.completed():
+            self._answer_lora(gateway, reply, changed)
+
+    def _answer_lora(self, gateway: bytes, reply: Message, changed: bool) -> None:
+        """New adapters are told to every gateway before the caller hears: its catalog is current when it answers."""
+        if changed:
+            self.info = self.core.model_info  # type: ignore[attr-defined]
+            for other in list(self._gateways):
+                self._send(other, ModelUpdate(self.info))
+            if self.on_model_update is not None:
+                self.on_model_update(self.info)
+        self._send(gateway, reply)
 
     def _expire_deadlines(self) -> None:
         limit, now = self.config.request_deadline_s, time.monotonic()
