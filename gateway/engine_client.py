@@ -292,9 +292,9 @@ class EngineClient:
         elif isinstance(msg, ModelUpdate):  # adapters loaded or unloaded: the catalog follows at once
             self._model_info = msg.model
         elif isinstance(msg, AdapterReply):
-            waiter = self._adapter_calls.pop(msg.call_id, None)
-            if waiter is not None and not waiter.done():
-                waiter.set_result(msg)
+            call = self._adapter_calls.pop(msg.call_id, None)
+            if call is not None and not call.done():
+                call.set_result(msg)
         elif isinstance(msg, Stats):
             # Exactly one answer per GetStats, in order: the oldest waiter's, even if it gave up waiting.
             if self._stats_waiters:
@@ -335,7 +335,7 @@ class EngineClient:
         for stream in list(self._streams.values()):
             stream._put(error)
         self._streams.clear()
-        waiters = [*self._stats_waiters, *self._adapter_calls.values()]
+        waiters: list[asyncio.Future[Any]] = [*self._stats_waiters, *self._adapter_calls.values()]
         self._stats_waiters.clear()
         self._adapter_calls.clear()
         for waiter in waiters:

@@ -6,6 +6,7 @@ The read of an adapter is held on a gate: the test sees running streams keep ste
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import threading
 import time
@@ -18,6 +19,7 @@ import zmq
 from engine.serving.server import EngineServer, ServerConfig
 from engine.worker.lora.errors import LoraError
 from engine.worker.lora.registry import LoraRegistry
+from gateway.engine_client import EngineClient
 from shared.model_info import AdapterInfo, ModelInfo
 from shared.protocol import (
     MODEL_NOT_FOUND,
@@ -154,3 +156,25 @@ def test_an_engine_without_lora_refuses_admin_calls(engine: Running, ctx: zmq.Co
     assert gw.recv() == AdapterReply("c1", "LoRA is not enabled on this engine (--enable-lora)", REQUEST_REJECTED)
     gw.send(UnloadAdapter("c2", "sql"))
     assert gw.recv() == AdapterReply("c2", "the adapter 'sql' is not loaded", MODEL_NOT_FOUND)
+
+
+
+def test_the_gateways_client_waits_for_the_reply_and_follows_the_model_update(lora_engine: Running) -> None:
+    async def scenario() -> tuple[AdapterReply, tuple[AdapterInfo, ...], tuple[AdapterInfo, ...], AdapterReply]:
+        admin, other = EngineClient(lora_engine.server.address), EngineClient(lora_engine.server.address)
+        await admin.start()
+        await other.start()
+        try:
+            reply = await admin.load_adapter("sql", "/adapters/sql")
+            seen_by_admin = admin.model_info.adapters  # the update came before the reply
+            await asyncio.sleep(0.1)
+            gone = await other.unload_adapter("nope")
+            return reply, seen_by_admin, other.model_info.adapters, gone
+        finally:
+            await admin.close()
+            await other.close()
+
+    reply, seen_by_admin, seen_by_other, gone = asyncio.run(scenario())
+    assert (reply.error, reply.load_id) == ("", 1)
+    assert seen_by_admin == seen_by_other == (AdapterInfo("sql", "fake"),)
+    assert (gone.code, gone.error) == (MODEL_NOT_FOUND, "the adapter 'nope' is not loaded")
