@@ -42,6 +42,8 @@ A request's path through the package:
     ops_routes.py    GET /ready, /version, /metrics;  lifecycle.py: SIGTERM drain
     logging_setup.py text or JSON logs (python-json-logger)
     errors.py        4xx / 500 / 503 in OpenAI's error body
+    lora_admin.py    POST /v1/load_lora_adapter, /v1/unload_lora_adapter: admin only, to every engine of the base
+    lora_metrics.py  the engine's LoRA figures on /metrics (vllm:lora_requests_info, loads, evictions)
     tenancy/         tenants, hashed keys, quotas, admission, usage (admin_routes.py mounts /admin)
 
 The gateway never imports torch, and the engine never sees text.

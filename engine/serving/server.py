@@ -16,7 +16,9 @@ the process exits 1. SIGTERM/SIGINT stop admissions (new
 requests get an Error with code SHUTTING_DOWN), give in-flight requests
 `shutdown_grace_s` to finish, abort the rest, tell every gateway, and exit 0.
 A gateway that says Bye, or whose connection is gone (the next send to it
-fails), is forgotten and its requests are aborted.
+fails), is forgotten and its requests are aborted. LoadAdapter/UnloadAdapter (admin,
+engine/serving/lora_calls.py) read adapters off the loop and swap them on it;
+a change is told to every gateway (ModelUpdate) before the caller's reply.
 
 This module owns the loop and the process lifecycle (the in-flight table in
 engine/serving/inflight.py does the per-request bookkeeping, router_socket.py
