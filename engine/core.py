@@ -32,8 +32,9 @@ from engine.step_failures import RequestsFailed, is_fatal
 from engine.worker.decode_graphs import DecodeGraphs, bucket_sizes
 from engine.worker.kernel_warmup import warm_up_triton
 from engine.worker.kv_cache import CacheLayout, KVCache
-from engine.worker.lora.adapter import load_adapter
+from engine.worker.lora.adapter import LoraAdapter, load_adapter
 from engine.worker.lora.errors import LoraError, LoraNotFound
+from engine.worker.lora.figures import lora_figures
 from engine.worker.lora.registry import LoraRegistry
 from engine.worker.model_loader import DTYPES, load_model
 from engine.worker.model_runner import ModelRunner
@@ -142,9 +143,23 @@ class EngineCore:
 
     def load_lora(self, name: str, path: str) -> None:
         """Load (or reload under a new load id) an adapter; LoraError (a 400) on a bad one."""
+        self.install_lora(name, path, self.read_lora(path, name, self.reserve_lora(name)), 0.0)
+
+    def reserve_lora(self, name: str) -> int:
+        """A new load id for `name` (on the step loop); then `read_lora` off it, `install_lora` on it."""
         if self.loras is None:
             raise LoraError("LoRA is not enabled on this engine (--enable-lora)")
-        self.loras.load(name, path)
+        return self.loras.reserve(name)
+
+    def read_lora(self, path: str, name: str, load_id: int) -> LoraAdapter:
+        """Read, check and lay out the folder (LoraError naming the problem); safe on another thread."""
+        assert self.loras is not None
+        return self.loras.read(path, name, load_id)
+
+    def install_lora(self, name: str, path: str, adapter: LoraAdapter, seconds: float) -> None:
+        """On the step loop: the adapter serves new requests as `name` from now on (a reload retires the old load)."""
+        assert self.loras is not None
+        self.loras.install(name, path, adapter, seconds)
         self._refresh_adapters()
 
     def unload_lora(self, name: str) -> None:
@@ -209,6 +224,10 @@ class EngineCore:
 
     def counts(self) -> CoreCounts:
         s = self.scheduler.stats()
+        lora = {}
+        if self.loras is not None:
+            where = self.scheduler.placement()
+            lora = lora_figures(self.loras, self.config.lora.max_loras, where.running, [*where.queued, *where.swapped])
         return CoreCounts(
             num_running=s.running,
             num_waiting=s.waiting,
@@ -222,6 +241,7 @@ class EngineCore:
             num_recomputes=s.recomputes,
             num_free_cpu_blocks=s.free_cpu_blocks,
             num_total_cpu_blocks=s.total_cpu_blocks,
+            **lora,
         )
 
 

@@ -32,7 +32,8 @@ A request's path through the package:
                      stop_strings.py); the single close/settle
     openai_format.py the exact chunk/response JSON shapes
     prompt_echo.py   echo, prompt logprobs and token ids in those shapes (vLLM's)
-    engine_link.py   keeps an EngineClient (engine_client.py) connected, reconnects after a loss, and
+    engine_link.py   keeps an EngineClient (engine_client.py; request_stream.py: one request's outputs,
+                     engine_errors.py: what it raises) connected, reconnects after a loss, and
                      watches the engine's step counter (a stalled engine fails open streams)
     background_tasks.py  how the owners of background tasks (read loops, heartbeats, probes) stop them
     request_context.py  per request: x-request-id, access-log line, metrics, 503 while draining
@@ -41,6 +42,8 @@ A request's path through the package:
     ops_routes.py    GET /ready, /version, /metrics;  lifecycle.py: SIGTERM drain
     logging_setup.py text or JSON logs (python-json-logger)
     errors.py        4xx / 500 / 503 in OpenAI's error body
+    lora_admin.py    POST /v1/load_lora_adapter, /v1/unload_lora_adapter: admin only, to every engine of the base
+    lora_metrics.py  the engine's LoRA figures on /metrics (vllm:lora_requests_info, loads, evictions)
     tenancy/         tenants, hashed keys, quotas, admission, usage (admin_routes.py mounts /admin)
 
 The gateway never imports torch, and the engine never sees text.

@@ -174,18 +174,26 @@ _TABLE: list[tuple[str, str, Handler, bool, bool]] = [
 ]
 
 
+def admin_refusal(request: Request, admin_token: str | None) -> Response | None:
+    """The answer to a request without the admin token (404 while no token is configured, else 401), or
+    None: it is the admin. Every admin route asks this first (gateway/lora_admin.py's too)."""
+    if not admin_token:
+        return NotFound("the admin API is disabled: set PAGESERVE_ADMIN_TOKEN", code="not_found").response()
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    # compare_digest on bytes: the time taken does not depend on where the tokens differ
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode("utf-8"),
+                                                              admin_token.encode("utf-8")):
+        return AuthenticationError("invalid admin token", code="invalid_admin_token").response()
+    return None
+
+
 def admin_routes(admin_token: str | None, get_store: StoreGetter = _gateway_store) -> Mount:
     """The /admin mount. `admin_token=None` disables it (404 everywhere)."""
-    expected = admin_token.encode("utf-8") if admin_token else None
 
     def endpoint(handler: Handler, created: bool, secret: bool) -> Callable[[Request], Awaitable[Response]]:
         async def run(request: Request) -> Response:
-            if expected is None:
-                return NotFound("the admin API is disabled: set PAGESERVE_ADMIN_TOKEN", code="not_found").response()
-            scheme, _, token = request.headers.get("authorization", "").partition(" ")
-            # compare_digest on bytes: the time taken does not depend on where the tokens differ
-            if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode("utf-8"), expected):
-                return AuthenticationError("invalid admin token", code="invalid_admin_token").response()
+            if (refusal := admin_refusal(request, admin_token)) is not None:
+                return refusal
             store = get_store(request)
             ops = AdminOps(TenantStore(store.redis, store.prefix, actor=ACTOR))
             try:

@@ -30,6 +30,7 @@ from gateway.errors import (
     unhandled_error_handler,
 )
 from gateway.lifecycle import Lifecycle
+from gateway.lora_admin import lora_admin_routes
 from gateway.metrics import GatewayMetrics
 from gateway.ops_routes import ops_routes
 from gateway.replicas import observe_routing
@@ -71,7 +72,8 @@ def create_app(config: GatewayConfig, services: ServicesFactory = open_services)
                                      allow_methods=["GET", "POST"], allow_headers=["authorization", "content-type"],
                                      expose_headers=["x-request-id"]))
     app = Starlette(
-        routes=[*ROUTES, *ops_routes(metrics, lifecycle), admin_routes(config.admin_token)],
+        routes=[*ROUTES, *ops_routes(metrics, lifecycle), *lora_admin_routes(config.admin_token),
+                admin_routes(config.admin_token)],
         middleware=middleware,
         lifespan=lifespan,
         exception_handlers={

@@ -22,6 +22,9 @@ Usage (the whole interface the rest of the gateway relies on):
     await client.abort(request_id)  # safe at any time; the stream then ends with Finished("abort")
     stats = await client.stats()    # shared.protocol.Stats (running, waiting, free blocks, ...);
                                     # TimeoutError after `timeout` (5 s) without an answer
+    reply = await client.load_adapter(name, path)   # admin (issue 43): AdapterReply once it serves, or
+    reply = await client.unload_adapter(name)       # why not (reply.error, reply.code); model_info follows
+                                                    # the engine's ModelUpdate (sent before the reply)
     await client.close()            # says Bye (the engine aborts this gateway's requests);
                                     # open streams get EngineDeadError("engine client closed")
 
@@ -41,8 +44,7 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Coroutine
-from types import TracebackType
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import zmq
@@ -50,110 +52,40 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from gateway.background_tasks import cancel_and_wait
+from gateway.engine_errors import EngineDeadError, EngineError, EngineUnavailableError, RequestFailedError
+from gateway.request_stream import RequestStream, StreamItem
 from shared.curve import ClientKeys, connect_curve
 from shared.model_info import ModelInfo
 from shared.protocol import (
     PROTOCOL_VERSION,
     SHUTTING_DOWN,
     Abort,
+    AdapterReply,
     AddRequest,
     Bye,
     Error,
-    Finished,
     GetStats,
     Hello,
+    LoadAdapter,
     Message,
+    ModelUpdate,
     ProtocolError,
     Ready,
     Stats,
     StepOutputs,
-    TokenDelta,
+    UnloadAdapter,
     decode,
     encode,
 )
 
 log = logging.getLogger("pageserve.engine_client")
 
-StreamItem = TokenDelta | Finished
+__all__ = ["EngineClient", "EngineDeadError", "EngineError", "EngineUnavailableError", "RequestFailedError",
+           "RequestStream", "StreamItem", "default_gateway_id"]
 
 HEARTBEAT_IVL_MS = 1000
 """ZMTP pings run in libzmq's I/O thread, so a busy engine still answers them."""
 HEARTBEAT_TIMEOUT_MS = 10_000
-
-
-class EngineError(Exception):
-    """Base of everything this client raises about the engine."""
-
-
-class EngineUnavailableError(EngineError):
-    """start() could not complete the handshake (no answer in time, or a version mismatch)."""
-
-
-class EngineDeadError(EngineError):
-    """The engine is gone (exited, connection lost, fatal error, or this client closed)."""
-
-
-class RequestFailedError(EngineError):
-    """The engine refused or failed this one request; the engine itself goes on."""
-
-    def __init__(self, message: str, code: str = "", param: str = "") -> None:
-        super().__init__(message)
-        self.code = code
-        """shared.protocol.REQUEST_REJECTED (refused at admission: the caller's fault) or REQUEST_FAILED."""
-        self.param = param
-
-
-class RequestStream:
-    """The outputs of one request, in order; built by EngineClient.submit()."""
-
-    def __init__(self, client: EngineClient, request_id: str, num_samples: int) -> None:
-        self.request_id = request_id
-        self.num_samples = num_samples
-        self._client = client
-        self._queue: asyncio.Queue[StreamItem | EngineError] = asyncio.Queue()
-        self._num_finished = 0
-        self._error: EngineError | None = None
-
-    @property
-    def finished(self) -> bool:
-        """True once every sample finished or the request failed: nothing more will come."""
-        return self._error is not None or self._num_finished == self.num_samples
-
-    def _put(self, item: StreamItem | EngineError) -> None:
-        self._queue.put_nowait(item)
-
-    def __aiter__(self) -> RequestStream:
-        return self
-
-    async def __anext__(self) -> StreamItem:
-        if self._error is not None:
-            raise self._error
-        if self._num_finished == self.num_samples:
-            raise StopAsyncIteration
-        item = await self._queue.get()
-        if isinstance(item, EngineError):
-            self._error = item
-            self._client._forget(self.request_id)
-            raise item
-        if isinstance(item, Finished):
-            self._num_finished += 1
-            if self._num_finished == self.num_samples:
-                self._client._forget(self.request_id)
-        return item
-
-    async def aclose(self) -> None:
-        """Abort the request in the engine unless it is over; stop routing its outputs."""
-        if not self.finished:
-            await self._client.abort(self.request_id)
-        self._client._forget(self.request_id)
-
-    async def __aenter__(self) -> RequestStream:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()
 
 
 def default_gateway_id() -> str:
@@ -174,6 +106,7 @@ class EngineClient:
         self._tasks: list[asyncio.Task[None]] = []
         self._streams: dict[str, RequestStream] = {}
         self._stats_waiters: collections.deque[asyncio.Future[Stats]] = collections.deque()
+        self._adapter_calls: dict[str, asyncio.Future[AdapterReply]] = {}
         self._model_info: ModelInfo | None = None
         self._dead: EngineDeadError | None = None
         self.last_step = -1
@@ -284,6 +217,24 @@ class EngineClient:
         await self._send(GetStats())
         return await asyncio.wait_for(waiter, timeout)
 
+    async def load_adapter(self, name: str, path: str, timeout: float = 120.0) -> AdapterReply:
+        """Load (or reload) a LoRA adapter from a folder on the engine's host; answered once it serves."""
+        return await self._adapter_call(lambda call_id: LoadAdapter(call_id, name, path), timeout)
+
+    async def unload_adapter(self, name: str, timeout: float = 30.0) -> AdapterReply:
+        return await self._adapter_call(lambda call_id: UnloadAdapter(call_id, name), timeout)
+
+    async def _adapter_call(self, make: Callable[[str], LoadAdapter | UnloadAdapter], timeout: float) -> AdapterReply:
+        self._check_alive()
+        call_id = uuid.uuid4().hex
+        waiter: asyncio.Future[AdapterReply] = asyncio.get_running_loop().create_future()
+        self._adapter_calls[call_id] = waiter
+        try:
+            await self._send(make(call_id))
+            return await asyncio.wait_for(waiter, timeout)
+        finally:
+            self._adapter_calls.pop(call_id, None)
+
     def fail(self, reason: str) -> None:
         """Give up on the engine (it stalled, or this gateway is stopping): every open stream gets
         EngineDeadError(reason) and the client is unhealthy from now on."""
@@ -338,6 +289,12 @@ class EngineClient:
                 self._route(fin.request_id, fin)
         elif isinstance(msg, Error):
             self._on_error(msg)
+        elif isinstance(msg, ModelUpdate):  # adapters loaded or unloaded: the catalog follows at once
+            self._model_info = msg.model
+        elif isinstance(msg, AdapterReply):
+            call = self._adapter_calls.pop(msg.call_id, None)
+            if call is not None and not call.done():
+                call.set_result(msg)
         elif isinstance(msg, Stats):
             # Exactly one answer per GetStats, in order: the oldest waiter's, even if it gave up waiting.
             if self._stats_waiters:
@@ -378,7 +335,9 @@ class EngineClient:
         for stream in list(self._streams.values()):
             stream._put(error)
         self._streams.clear()
-        while self._stats_waiters:
-            waiter = self._stats_waiters.popleft()
+        waiters: list[asyncio.Future[Any]] = [*self._stats_waiters, *self._adapter_calls.values()]
+        self._stats_waiters.clear()
+        self._adapter_calls.clear()
+        for waiter in waiters:
             if not waiter.done():
                 waiter.set_exception(error)

@@ -37,6 +37,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 from prometheus_client.registry import Collector
 
+from gateway.lora_metrics import lora_series
 from gateway.routing_metrics import RoutingMetrics
 from shared.protocol import Stats
 
@@ -253,6 +254,7 @@ def _engine_series(s: Stats, labels: list[str]) -> Iterator[Metric]:
                   s.step_seconds)
     yield gauge("pageserve:engine_gateways", "Gateway processes connected to the engine.", s.num_gateways)
     yield from _loads(s, labels)
+    yield from lora_series(s, labels)  # LoRA adapters: resident, active, loads, evictions (gateway/lora_metrics.py)
 
 
 def _loads(s: Stats, labels: list[str]) -> Iterator[Metric]:

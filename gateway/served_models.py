@@ -73,9 +73,19 @@ class ServedModels:
         for a in announced:
             self._seen.setdefault(a.model, None)
             self._seen.update(dict(a.adapters))
+        unloaded = self._unloaded(announced)
         # Configured models (--model) are registered too: with no live engine they answer 503, not 404.
         configured = [n for n in self._prompts if n not in self._aliases]
-        return Catalog.build(announced, self._aliases, [*registered, *self._seen, *configured])
+        known = [n for n in [*registered, *self._seen] if n not in unloaded]
+        return Catalog.build(announced, self._aliases, [*known, *configured])
+
+    def _unloaded(self, announced: list[Announcement]) -> set[str]:
+        """Adapters seen before that no engine announces although their base model is live: unloaded by
+        the admin (gateway/lora_admin.py), so a 404 like any absent model, not a 503 waiting for a replica."""
+        live_bases = {a.model for a in announced if a.live}
+        current = {name for a in announced for name, _ in a.adapters}
+        return {name for name, parent in self._seen.items()
+                if parent is not None and parent in live_bases and name not in current}
 
     def resolve(self, requested: str, access: ModelAccess, engine: Any,
                 tenant_aliases: tuple[tuple[str, str], ...] = ()) -> ServedModel:

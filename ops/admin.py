@@ -15,6 +15,7 @@ $PAGESERVE_REDIS_PREFIX, default "ps"). Every change lands in the audit log.
     pageserve admin usage show [TENANT [--by-key | --by-model]] [--key KEY_ID] [--since DATE] [--until DATE] [--json]
     pageserve admin audit show [--limit N]
     pageserve admin install-units [--root DIR] [--memory-max 24G]   # systemd units (ops/units.py)
+    pageserve admin lora load NAME PATH | unload NAME   # through the gateway's admin routes (ops/admin_lora.py)
 
 Exit status: 0 done, 1 refused (unknown tenant, duplicate, bad value), 2 usage
 error, 3 Redis unreachable. A plaintext key is printed only by `key create`
@@ -158,6 +159,10 @@ def main(argv: list[str]) -> int:
         from ops.units import main as install_units
 
         return install_units(argv[1:])
+    if argv[:1] == ["lora"]:  # adapters live in the engines: through the gateway, not Redis (ops/admin_lora.py)
+        from ops.admin_lora import main as lora
+
+        return lora(argv[1:])
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

@@ -24,6 +24,9 @@ Who sends what:
                                       <-     StepOutputs (one per step per gateway),
                                              Stats, Error
     Bye                               ->     (the engine forgets the gateway, aborts its requests)
+    LoadAdapter / UnloadAdapter       ->     (admin, issue 43: the gateway's admin route sends them)
+                                      <-     ModelUpdate to every gateway when the adapters changed,
+                                             then AdapterReply to the sender
 
 This module imports neither torch nor engine/ nor gateway/.
 """
@@ -261,6 +264,22 @@ class Stats:
     by_priority: list[PriorityLoad] = field(default_factory=list)
     by_tenant: list[TenantLoad] = field(default_factory=list)
     """Tenants with requests in flight or tokens generated since start."""
+    max_loras: int = 0
+    """--max-loras: distinct adapters one step may run (0: LoRA not enabled)."""
+    lora_running: list[str] = field(default_factory=list)
+    """Adapter names of the running requests (vllm:lora_requests_info's running_lora_adapters)."""
+    lora_waiting: list[str] = field(default_factory=list)
+    """Adapter names of the queued and swapped requests (its waiting_lora_adapters)."""
+    lora_loaded: int = 0
+    """Adapter names a request may use now."""
+    lora_resident: int = 0
+    """Adapter loads whose weights are in memory (at most --max-cpu-loras, plus those requests hold)."""
+    lora_evictions: int = 0
+    """Adapter weights dropped from memory over --max-cpu-loras, since start."""
+    lora_load_buckets: list[int] = field(default_factory=list)
+    """Adapter reads from disk by duration: cumulative counts per LORA_LOAD_BUCKETS bound, then the total."""
+    lora_load_seconds: float = 0.0
+    """Their total seconds (the histogram's sum)."""
 
 
 @dataclass(frozen=True)
@@ -271,8 +290,58 @@ class Bye:
     reason: str = ""
 
 
-Message = Hello | Ready | AddRequest | Abort | StepOutputs | Error | GetStats | Stats | Bye
-_TOP_LEVEL: tuple[type, ...] = (Hello, Ready, AddRequest, Abort, StepOutputs, Error, GetStats, Stats, Bye)
+@dataclass(frozen=True)
+class LoadAdapter:
+    """Admin (issue 43): load the LoRA adapter in `lora_path`, a PEFT folder on the engine's host, as
+    `lora_name` (a name already loaded is reloaded under a new load id). Read off the engine's step loop;
+    answered by AdapterReply once it serves requests, or with the reason it cannot."""
+
+    TAG: ClassVar[int] = 15
+    call_id: str
+    """Unique among the sender's calls; the reply carries it back."""
+    lora_name: str
+    lora_path: str
+
+
+@dataclass(frozen=True)
+class UnloadAdapter:
+    """Admin: new requests no longer find `lora_name`; those already admitted finish on its weights."""
+
+    TAG: ClassVar[int] = 16
+    call_id: str
+    lora_name: str
+
+
+@dataclass(frozen=True)
+class AdapterReply:
+    """The answer to LoadAdapter or UnloadAdapter."""
+
+    TAG: ClassVar[int] = 17
+    call_id: str
+    error: str = ""
+    """Why it failed, naming the file, tensor or limit; "": done."""
+    code: str = ""
+    """With an error: REQUEST_REJECTED (a bad adapter or request: a 400) or MODEL_NOT_FOUND (no such adapter)."""
+    load_id: int = 0
+    """The new load's id (never reused: a reload gets a new one, so no stale prefix-cache block); 0 for unload."""
+
+
+@dataclass(frozen=True)
+class ModelUpdate:
+    """The engine's model facts changed (an adapter loaded or unloaded): sent to every connected gateway,
+    which serves the new catalog from then on (before the AdapterReply that caused it)."""
+
+    TAG: ClassVar[int] = 18
+    model: ModelInfo
+
+
+LORA_LOAD_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+"""Upper bounds (seconds) of Stats.lora_load_buckets: the load-latency histogram (the issue's bar: 0.1 s)."""
+
+Message = (Hello | Ready | AddRequest | Abort | StepOutputs | Error | GetStats | Stats | Bye | LoadAdapter
+           | UnloadAdapter | AdapterReply | ModelUpdate)
+_TOP_LEVEL: tuple[type, ...] = (Hello, Ready, AddRequest, Abort, StepOutputs, Error, GetStats, Stats, Bye,
+                                LoadAdapter, UnloadAdapter, AdapterReply, ModelUpdate)
 _CODEC = Codec(_TOP_LEVEL)
 
 __all__ = [
@@ -280,6 +349,7 @@ __all__ = [
     "FinishReason", "Message", "ProtocolError", "decode", "encode",
     "Hello", "Ready", "ModelInfo", "SamplingDefault", "AddRequest", "Abort", "StepOutputs", "TokenDelta", "TokenLogprob",
     "Finished", "Usage", "Error", "GetStats", "Stats", "PriorityLoad", "TenantLoad", "Bye",
+    "LoadAdapter", "UnloadAdapter", "AdapterReply", "ModelUpdate", "LORA_LOAD_BUCKETS", "MODEL_NOT_FOUND",
 ]
 
 

@@ -38,6 +38,8 @@ class Announcer:
         self._redis = redis.Redis.from_url(redis_url, socket_timeout=2.0, socket_connect_timeout=2.0)
         self._prefix, self._record, self._ttl_s = prefix, record, ttl_s
         self._stopped = threading.Event()
+        self._kick = threading.Event()
+        """Set to renew at once (stop, or new model facts)."""
         self._thread = threading.Thread(target=self._run, name="engine-announce", daemon=True)
 
     def start(self) -> None:
@@ -45,8 +47,18 @@ class Announcer:
         self._thread.start()
         log.info("announced %s in Redis (ttl %g s)", self._record.address, self._ttl_s)
 
+    def update(self, info: ModelInfo) -> None:
+        """The model facts changed (an adapter loaded or unloaded): re-announced now by the thread, not at
+        the next renewal; the caller (the step loop) never waits on Redis."""
+        self._record = engine_record(self._record.address, info)
+        self._kick.set()
+
     def _run(self) -> None:
-        while not self._stopped.wait(self._ttl_s / 3):
+        while True:
+            self._kick.wait(self._ttl_s / 3)
+            self._kick.clear()
+            if self._stopped.is_set():
+                return
             self._announce()
 
     def _announce(self) -> None:
@@ -62,6 +74,7 @@ class Announcer:
     def stop(self) -> None:
         """Withdraw the announcement (gateways stop routing here at their next look)."""
         self._stopped.set()
+        self._kick.set()
         if self._thread.is_alive():
             self._thread.join(timeout=5)
         try:
@@ -86,15 +99,15 @@ def add_announce_args(p: argparse.ArgumentParser) -> None:
 
 
 @contextlib.contextmanager
-def announced(args: argparse.Namespace, bound_address: str, info: ModelInfo) -> Iterator[None]:
+def announced(args: argparse.Namespace, bound_address: str, info: ModelInfo) -> Iterator[Announcer | None]:
     """Announced while the block runs, when `args.redis_url` is set; withdrawn when it ends."""
     if args.redis_url is None:
-        yield
+        yield None
         return
     announcer = Announcer(args.redis_url, args.redis_prefix, engine_record(args.advertise or bound_address, info),
                           ttl_s=args.announce_ttl)
     announcer.start()
     try:
-        yield
+        yield announcer
     finally:
         announcer.stop()

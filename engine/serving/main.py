@@ -150,7 +150,9 @@ def main(argv: list[str]) -> int:
                                                    curve_dir=args.curve_dir))
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1 PID` prints every thread's stack: a slow step shows
     freeze_startup_objects()  # torch's and the model's objects: one full collection of them stalled a step 86 ms
-    with announced(args, server.address, core.model_info), stop_signals(server):
+    with announced(args, server.address, core.model_info) as announcer, stop_signals(server):
+        if announcer is not None:  # adapters loaded or unloaded at run time are re-announced at once
+            server.on_model_update = announcer.update
         return server.serve()
 
 

@@ -16,10 +16,14 @@ the process exits 1. SIGTERM/SIGINT stop admissions (new
 requests get an Error with code SHUTTING_DOWN), give in-flight requests
 `shutdown_grace_s` to finish, abort the rest, tell every gateway, and exit 0.
 A gateway that says Bye, or whose connection is gone (the next send to it
-fails), is forgotten and its requests are aborted.
+fails), is forgotten and its requests are aborted. LoadAdapter/UnloadAdapter (admin,
+engine/serving/lora_calls.py) read adapters off the loop and swap them on it;
+a change is told to every gateway (ModelUpdate) before the caller's reply.
 
-This module owns the socket, the loop and the process lifecycle (the in-flight
-table in engine/serving/inflight.py does the per-request bookkeeping); it knows neither
+This module owns the loop and the process lifecycle (the in-flight table in
+engine/serving/inflight.py does the per-request bookkeeping, router_socket.py
+configures the socket, server_config.py holds the settings and the core's
+contract); it knows neither
 tokenizers nor HTTP, and nothing about how the core schedules or computes.
 """
 
@@ -31,19 +35,18 @@ import math
 import os
 import socket
 import time
-from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Protocol
+from collections.abc import Callable
 
 import zmq
 
-from engine.outputs import RequestDelta
 from engine.request import Request
 from engine.serving.inflight import InFlightTable
-from engine.serving.step_stats import CoreCounts, StepStats
+from engine.serving.lora_calls import LoraCalls
+from engine.serving.router_socket import open_router
+from engine.serving.server_config import MAX_MESSAGE_BYTES, CoreLike, ServerConfig
+from engine.serving.step_stats import StepStats
 from engine.step_failures import RequestsFailed
 from engine.worker.lora.errors import LoraNotFound
-from shared.curve import serve_curve, server_keys
 from shared.model_info import ModelInfo
 from shared.protocol import (
     DEADLINE_EXCEEDED,
@@ -58,47 +61,20 @@ from shared.protocol import (
     Error,
     GetStats,
     Hello,
+    LoadAdapter,
     Message,
+    ModelUpdate,
     ProtocolError,
     Ready,
     StepOutputs,
+    UnloadAdapter,
     decode,
     encode,
 )
 
 log = logging.getLogger("pageserve.engine")
 
-
-class CoreLike(Protocol):
-    """What the server needs from engine.core.EngineCore."""
-
-    def add_request(self, request: Request) -> None: ...
-    def abort_requests(self, request_ids: Iterable[str]) -> list[RequestDelta]:
-        """Stop these requests now (their blocks are freed); the returned deltas are not needed here."""
-        ...
-
-    def step(self) -> list[RequestDelta]: ...
-    def has_unfinished_requests(self) -> bool: ...
-    def counts(self) -> CoreCounts: ...
-
-
-MAX_MESSAGE_BYTES = 64 << 20
-"""Largest frame a gateway may send (a 100k-token prompt is under 1 MiB)."""
-
-
-@dataclass(frozen=True)
-class ServerConfig:
-    listen: str = "tcp://127.0.0.1:5555"
-    """ZeroMQ address to bind: tcp://HOST:PORT or ipc:///path."""
-    shutdown_grace_s: float = 5.0
-    """On SIGTERM, in-flight requests get this long to finish before they are aborted."""
-    close_linger_ms: int = 2000
-    """How long final messages (the shutdown Error) may take to flush at exit."""
-    curve_dir: str | None = None
-    """CURVE keys (shared/curve.py): only authorized gateways connect, traffic is encrypted; None: plain."""
-    request_deadline_s: float | None = None
-    """A request still in flight this long after the engine accepted it is aborted (its blocks freed)
-    and its gateway told (Error code DEADLINE_EXCEEDED, the gateway settles it); None: no deadline."""
+__all__ = ["MAX_MESSAGE_BYTES", "CoreLike", "EngineServer", "ServerConfig"]
 
 
 DEADLINE_CHECK_S = 0.1
@@ -110,21 +86,7 @@ class EngineServer:
         """`info`: the core's model facts (EngineCore.model_info), sent to every gateway in Ready."""
         self.core, self.info, self.config = core, info, config
         self._ctx = zmq.Context()
-        self._sock = self._ctx.socket(zmq.ROUTER)
-        self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a send to a gone gateway raises, not vanishes
-        self._sock.setsockopt(zmq.SNDHWM, 0)  # never drop outputs for a slow gateway
-        self._sock.setsockopt(zmq.RCVHWM, 0)
-        self._sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)  # a bigger frame drops its sender
-        # ZMTP heartbeats (answered by libzmq's I/O thread even mid-step) drop a silently dead
-        # gateway's connection, so the next send to it fails and its requests are aborted.
-        self._sock.setsockopt(zmq.HEARTBEAT_IVL, 1000)
-        self._sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 10_000)
-        self._auth = None if config.curve_dir is None else serve_curve(self._ctx, self._sock,
-                                                                        server_keys(config.curve_dir))
-        if self._auth is None and not _is_loopback(config.listen):
-            log.warning("engine socket %s is not loopback and has no CURVE keys (--curve-dir): any host that "
-                        "reaches it can submit requests", config.listen)
-        self._sock.bind(config.listen)
+        self._sock, self._auth = open_router(self._ctx, config)
         self.address: str = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
         # Signals and other threads wake the poll through this pair (see request_stop).
         self._wake_r, self._wake_w = socket.socketpair()
@@ -138,6 +100,9 @@ class EngineServer:
         self._stop_deadline: float | None = None
         self._next_deadline_check = 0.0
         self.stats = StepStats()
+        self._lora = LoraCalls(core, self._wake)
+        self.on_model_update: Callable[[ModelInfo], None] | None = None
+        """Told the new model facts when adapters load or unload (the Redis announcement, main.py)."""
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -153,6 +118,9 @@ class EngineServer:
         now = time.monotonic()
         # A second request (Ctrl-C twice) skips what is left of the grace period.
         self._stop_deadline = now + self.config.shutdown_grace_s if self._stop_deadline is None else now
+        self._wake()
+
+    def _wake(self) -> None:
         # BlockingIOError: the pipe is full, a wake-up is pending anyway; BrokenPipeError/OSError: the loop
         # has already ended (a fatal error) and closed its end, so there is nothing left to wake.
         with contextlib.suppress(OSError):
@@ -167,6 +135,7 @@ class EngineServer:
                 self._wait_for_io()
                 started = time.perf_counter()
                 self._drain()
+                self._finish_lora_loads()
                 self._expire_deadlines()
                 if self.core.has_unfinished_requests():
                     self._step(started)
@@ -211,6 +180,7 @@ class EngineServer:
         )
 
     def _close(self) -> None:
+        self._lora.close()
         self._sock.close(linger=self.config.close_linger_ms)
         if self._auth is not None:
             self._auth.stop()
@@ -258,6 +228,12 @@ class EngineServer:
                                                     self._inflight.loads()))
         elif isinstance(msg, Bye):
             self._forget_gateway(gateway, f"said goodbye ({msg.reason or 'no reason'})")
+        elif isinstance(msg, LoadAdapter):
+            if (refused := self._lora.load(gateway, msg)) is not None:
+                self._send(gateway, refused)
+        elif isinstance(msg, UnloadAdapter):
+            reply, changed = self._lora.unload(msg)
+            self._answer_lora(gateway, reply, changed)
         else:
             log.warning("unexpected %s from gateway %s", type(msg).__name__, self._name(gateway))
             self._send(gateway, Error(None, "request", f"a gateway may not send {type(msg).__name__}"))
@@ -302,6 +278,20 @@ class EngineServer:
                                       param="model" if not_found else getattr(e, "param", "")))
             return
         self._inflight.add(add, gateway)
+
+    def _finish_lora_loads(self) -> None:
+        for gateway, reply, changed in self._lora.completed():
+            self._answer_lora(gateway, reply, changed)
+
+    def _answer_lora(self, gateway: bytes, reply: Message, changed: bool) -> None:
+        """New adapters are told to every gateway before the caller hears: its catalog is current when it answers."""
+        if changed:
+            self.info = self.core.model_info  # type: ignore[attr-defined]
+            for other in list(self._gateways):
+                self._send(other, ModelUpdate(self.info))
+            if self.on_model_update is not None:
+                self.on_model_update(self.info)
+        self._send(gateway, reply)
 
     def _expire_deadlines(self) -> None:
         limit, now = self.config.request_deadline_s, time.monotonic()
@@ -383,7 +373,3 @@ class EngineServer:
     def _name(self, gateway: bytes) -> str:
         return self._gateways.get(gateway, gateway.hex())
 
-
-def _is_loopback(address: str) -> bool:
-    host = address.removeprefix("tcp://").rpartition(":")[0]
-    return address.startswith(("ipc://", "inproc://")) or host in ("127.0.0.1", "localhost", "[::1]")

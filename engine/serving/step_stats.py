@@ -34,6 +34,15 @@ class CoreCounts:
     num_recomputes: int = 0
     num_free_cpu_blocks: int = 0
     num_total_cpu_blocks: int = 0
+    max_loras: int = 0
+    """The LoRA figures (engine/worker/lora/figures.py), Stats' fields by the same names; 0/empty: LoRA off."""
+    lora_running: list[str] = field(default_factory=list)
+    lora_waiting: list[str] = field(default_factory=list)
+    lora_loaded: int = 0
+    lora_resident: int = 0
+    lora_evictions: int = 0
+    lora_load_buckets: list[int] = field(default_factory=list)
+    lora_load_seconds: float = 0.0
 
 
 @dataclass

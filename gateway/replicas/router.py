@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 from typing import Protocol
 
 from gateway.engine_client import EngineDeadError
@@ -140,9 +141,10 @@ class ModelRouter:
 
 def combined_stats(parts: list[Stats]) -> Stats:
     """Counts added up; per-step figures the largest and the mean of means; the earliest start;
-    per-priority and per-tenant loads added up by their key (one series each in /metrics)."""
-    numbers = [f.name for f in dataclasses.fields(Stats) if f.name not in ("by_priority", "by_tenant")]
-    total = Stats(*(sum(getattr(s, name) for s in parts) for name in numbers))
+    per-priority and per-tenant loads added up by their key (one series each in /metrics); adapter names
+    united, load-time buckets added up."""
+    numbers = [f.name for f in dataclasses.fields(Stats) if f.name not in _LISTS]
+    total = Stats(**{name: sum(getattr(s, name) for s in parts) for name in numbers})
     priorities: dict[int, list[int]] = {}
     for load in (p for s in parts for p in s.by_priority):
         counts = priorities.setdefault(load.priority, [0, 0])
@@ -158,4 +160,11 @@ def combined_stats(parts: list[Stats]) -> Stats:
         mean_requests_per_step=sum(s.mean_requests_per_step for s in parts) / len(parts),
         started_at=min(s.started_at for s in parts),
         by_priority=[PriorityLoad(p, q, r) for p, (q, r) in sorted(priorities.items())],
-        by_tenant=[TenantLoad(t, f, g) for t, (f, g) in sorted(tenants.items())])
+        by_tenant=[TenantLoad(t, f, g) for t, (f, g) in sorted(tenants.items())],
+        lora_running=sorted({n for s in parts for n in s.lora_running}),
+        lora_waiting=sorted({n for s in parts for n in s.lora_waiting}),
+        lora_load_buckets=[sum(c) for c in itertools.zip_longest(*(s.lora_load_buckets for s in parts), fillvalue=0)])
+
+
+_LISTS = ("by_priority", "by_tenant", "lora_running", "lora_waiting", "lora_load_buckets")
+"""Stats fields that are not added up as numbers (combined_stats merges each its own way)."""

@@ -13,14 +13,17 @@ from shared.model_info import AdapterInfo
 from shared.protocol import (
     PROTOCOL_VERSION,
     Abort,
+    AdapterReply,
     AddRequest,
     Bye,
     Error,
     Finished,
     GetStats,
     Hello,
+    LoadAdapter,
     Message,
     ModelInfo,
+    ModelUpdate,
     PriorityLoad,
     ProtocolError,
     Ready,
@@ -30,6 +33,7 @@ from shared.protocol import (
     TenantLoad,
     TokenDelta,
     TokenLogprob,
+    UnloadAdapter,
     Usage,
     decode,
     encode,
@@ -53,6 +57,10 @@ SAMPLES: dict[str, Message] = {
     "Stats": Stats(1, 2, 3, 90, 100, 4, 5, 6, 7, 8, 2.5, 1, 0.5, 1.5, 10, 20, 30, 12, 2, 1, 50, 60, 1700000000.5,
                    [PriorityLoad(0, 1, 2)], [TenantLoad("t_1", 3, 40)]),
     "Bye": Bye("closing"),
+    "LoadAdapter": LoadAdapter("c1", "sql", "/a/b"),
+    "UnloadAdapter": UnloadAdapter("c2", "sql"),
+    "AdapterReply": AdapterReply("c1", "bad", "request_rejected"),
+    "ModelUpdate": ModelUpdate(ModelInfo("base", 64, 4, None, 8, 100, (), (AdapterInfo("sql", "base"),))),
 }
 
 # Frozen: a change here breaks every deployed peer. Append fields instead (with defaults).
@@ -73,10 +81,14 @@ GOLDEN_HEX = {
     ),
     "GetStats": "9107",
     "Stats": (
-        "dc001a080102035a640405060708cb400400000000000001cb3fe0000000000000cb3ff80000000000000a141e0c0201323c"
-        "cb41d954fc4020000091930001029193a3745f310328"
+        "dc0022080102035a640405060708cb400400000000000001cb3fe0000000000000cb3ff80000000000000a141e0c0201323c"
+        "cb41d954fc4020000091930001029193a3745f31032800909000000090cb0000000000000000"
     ),
     "Bye": "9209a7636c6f73696e67",
+    "LoadAdapter": "940fa26331a373716ca42f612f62",
+    "UnloadAdapter": "9310a26332a373716c",
+    "AdapterReply": "9511a26331a3626164b0726571756573745f72656a656374656400",
+    "ModelUpdate": "921298a4626173654004c00864909192a373716ca462617365",
 }
 
 # Frames of earlier versions of a message (before fields were appended): they must still decode,
@@ -92,6 +104,12 @@ OLDER_PEER_HEX = {
     # before the token, prefix-cache, swap and start-time fields (the metrics of issue 12)
     "Stats with loop times": (
         "9f080102035a640405060708cb400400000000000001cb0000000000000000cb0000000000000000", _STATS_V1),
+    # before the LoRA figures (issue 43)
+    "Stats with loads": (
+        "dc001a080102035a640405060708cb400400000000000001cb3fe0000000000000cb3ff80000000000000a141e0c0201323c"
+        "cb41d954fc4020000091930001029193a3745f310328", SAMPLES["Stats"]),
+    # an AdapterReply of success, before load_id
+    "AdapterReply": ("9411a26331a0a0", AdapterReply("c1")),
     # before by_priority and by_tenant
     "Stats with token counts": (
         "dc0018080102035a640405060708cb400400000000000001cb3fe0000000000000cb3ff80000000000000a141e0c0201323c"
@@ -220,6 +238,15 @@ EXTENDED: dict[str, tuple[Message, str]] = {
         "73745f6f6604af7573655f6265616d5f736561726368c3ae6561726c795f73746f7070696e67c300a0cb0000000000000000cb3ff0"
         "000000000000a0c0a0",
     ),
+    "Stats with LoRA figures": (
+        Stats(1, 2, 3, 90, 100, 4, 5, 6, 7, 8, 2.5, 1, 0.5, 1.5, 10, 20, 30, 12, 2, 1, 50, 60, 1700000000.5,
+              [PriorityLoad(0, 1, 2)], [TenantLoad("t_1", 3, 40)], 4, ["sql"], ["chat", "sql"], 3, 2, 1,
+              [0, 1, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2], 0.0625),
+        "dc0022080102035a640405060708cb400400000000000001cb3fe0000000000000cb3ff80000000000000a141e0c0201323c"
+        "cb41d954fc4020000091930001029193a3745f3103280491a373716c92a463686174a373716c0302019c0001020202020202"
+        "02020202cb3fb0000000000000",
+    ),
+    "AdapterReply with a load id": (AdapterReply("c3", load_id=7), "9511a26333a0a007"),
     "StepOutputs with unreturned tokens": (
         StepOutputs([TokenDelta("req-4", 0, [42, 7], 1, 2, 0, num_unreturned_tokens=5)], [], 4),
         "94059199a57265712d3400922a070102009090059004",

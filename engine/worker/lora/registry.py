@@ -13,14 +13,17 @@ promise, so it must be reloaded under a new id). Knows nothing about scheduling 
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.worker.lora.adapter import LoraAdapter
 from engine.worker.lora.errors import LoraError, LoraNotFound
+from shared.protocol import LORA_LOAD_BUCKETS
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,23 @@ class LoadStamp:
         return LoadStamp(path, tuple((n, s.st_size, s.st_mtime_ns) for n, s in stats))
 
 
+@dataclass
+class LoadTimes:
+    """A histogram of read durations over LORA_LOAD_BUCKETS: fixed size however many loads there were."""
+
+    counts: list[int] = field(default_factory=lambda: [0] * (len(LORA_LOAD_BUCKETS) + 1))
+    """Reads per bucket (not cumulative); the last one is over the largest bound."""
+    total_seconds: float = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self.counts[bisect.bisect_left(LORA_LOAD_BUCKETS, seconds)] += 1
+        self.total_seconds += seconds
+
+    def cumulative(self) -> list[int]:
+        """Prometheus' form: reads at or under each bound, then all of them."""
+        return list(itertools.accumulate(self.counts))
+
+
 Loader = Callable[[str, str, int], LoraAdapter]
 """(folder, name, load id) -> the adapter's weights (engine/worker/lora/adapter.py load_adapter, bound)."""
 
@@ -52,24 +72,41 @@ class LoraRegistry:
         self._resident: OrderedDict[int, LoraAdapter] = OrderedDict()  # least recently used first
         self._retired: set[int] = set()
         self._next_id = 1  # 0 is the base model
-        self.load_seconds: list[float] = []
-        """Seconds of each load from disk, in order (the metrics' load-latency histogram reads them)."""
+        self.load_times = LoadTimes()
+        """Reads from disk by duration (the metrics' load-latency histogram)."""
         self.evictions = 0
 
     def load(self, name: str, path: str) -> LoraAdapter:
         """Read and check an adapter (LoraError on a bad one); a name already loaded is replaced."""
+        load_id = self.reserve(name)
+        began = time.perf_counter()
+        adapter = self._loader(path, name, load_id)
+        self.install(name, path, adapter, time.perf_counter() - began)
+        return adapter
+
+    def reserve(self, name: str) -> int:
+        """A new load id for `name` (LoraError on a bad name). Reading with it (`read`) may then run on another
+        thread, off the step loop; `install` makes it current. An id whose read failed is never used."""
         if not name or "=" in name:
             raise LoraError(f"adapter name {name!r} is empty or contains '='")
         load_id = self._next_id
-        adapter = self._read(path, name, load_id)
         self._next_id += 1
+        return load_id
+
+    def read(self, path: str, name: str, load_id: int) -> LoraAdapter:
+        """Read and check the folder (LoraError naming the problem). Touches no registry state: thread-safe."""
+        return self._loader(path, name, load_id)
+
+    def install(self, name: str, path: str, adapter: LoraAdapter, seconds: float) -> None:
+        """Make an adapter read from `path` current as `name` (on the step loop); the load it replaces is retired."""
+        load_id = adapter.load_id
+        self.load_times.observe(seconds)
         old = self._names.get(name)
         if old is not None:
             self._retired.add(old)
         self._names[name] = load_id
         self._stamps[load_id] = (name, LoadStamp.of(path))
         self._resident[load_id] = adapter
-        return adapter
 
     def unload(self, name: str) -> None:
         """Retire `name`: new requests no longer find it; running ones finish on its weights."""
@@ -124,5 +161,5 @@ class LoraRegistry:
     def _read(self, path: str, name: str, load_id: int) -> LoraAdapter:
         began = time.perf_counter()
         adapter = self._loader(path, name, load_id)
-        self.load_seconds.append(time.perf_counter() - began)
+        self.load_times.observe(time.perf_counter() - began)
         return adapter
