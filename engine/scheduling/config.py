@@ -64,6 +64,14 @@ class SchedulerConfig:
     """Serving mode, with prefill_stall_factor: while prompt tokens wait, steps carry at least enough
     of them to drain the backlog within about this many seconds, TTFT bought with longer steps
     (StepCosts.backlog_drain_s). 0: off."""
+    ttft_target_s: float = 0.0
+    """Serving mode: a prompt's first token is due this long after it was queued. While streams generate, each
+    step carries at least the prompt tokens that let every waiting prompt (earliest deadline first) finish its
+    prefill by then at the measured step costs, within itl_target_s (engine/scheduling/slo.py). 0: off."""
+    itl_target_s: float = 0.0
+    """Serving mode, with ttft_target_s: the longest a step carrying prompt tokens for a deadline may take (the
+    gap it puts between two tokens of every generating stream). When both targets cannot be met the ITL
+    target wins: the prompt comes late. 0: a step of at most slo.LIFT_STALL x a decode step."""
 
     max_loras: int = 4
     """Distinct LoRA adapters among the running requests, so in any step (base requests not counted).
@@ -102,6 +110,8 @@ class SchedulerConfig:
             raise ValueError("prefill_stall_factor must be above 1 (or 0: off)")
         if self.prefill_backlog_drain_s < 0:
             raise ValueError("prefill_backlog_drain_s must be non-negative (0: off)")
+        if self.ttft_target_s < 0 or self.itl_target_s < 0:
+            raise ValueError("ttft_target_s and itl_target_s must be non-negative (0: off)")
 
 
 @dataclass(frozen=True)
