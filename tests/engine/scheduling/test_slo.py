@@ -112,8 +112,11 @@ def test_without_a_ttft_target_the_stall_budget_alone_keeps_the_prompt_waiting()
     assert ttft is not None and ttft > 2 * TTFT_S
 
 
-def test_a_long_prompt_is_chunked_so_no_step_passes_the_itl_target() -> None:
-    sim = Sim()
+@pytest.mark.parametrize("itl_s", [ITL_S, 0.1])
+def test_a_long_prompt_is_chunked_so_no_step_passes_the_itl_target(itl_s: float) -> None:
+    """3,000 prompt tokens cannot meet the deadline: the ITL target wins. The backlog floor, once the prompt has
+    waited a second, would plan 256-token steps of 150 ms: held to the target too."""
+    sim = Sim(itl_target_s=itl_s)
     sim.streams(8)
     long = sim.add(3000, max_tokens=4)
     sim.steps.clear()
@@ -121,7 +124,7 @@ def test_a_long_prompt_is_chunked_so_no_step_passes_the_itl_target() -> None:
         sim.step()
     stalls = sim.stalls()
     assert len(stalls) >= 10  # chunked: the deadline cannot be met, so the ITL bound wins
-    assert max(stalls) <= ITL_S * 1.01, max(stalls)  # the deadline and the queue's floors alike
+    assert max(stalls) <= itl_s * 1.01, max(stalls)  # the deadline and the queue's floors alike
 
 
 def test_under_continuous_load_a_prompt_never_waits_more_than_a_few_steps() -> None:
