@@ -72,7 +72,7 @@ class Scheduler:
         self._finished_ids: list[str] = []
         self._counters = Counters()
         self.step_costs = StepCosts(config.prefill_stall_factor, config.prefill_backlog_drain_s)  # EngineCore feeds it
-        self.slo = SloPlanner(config.ttft_target_s, config.itl_target_s)  # the serving targets (slo.py)
+        self.slo = SloPlanner(config.ttft_target_s, config.itl_target_s, config.ttft_stall_limit)  # slo.py
         self.groups = GroupSteps(self.bm, self._live, self.running, self._forking, self._finish, self._level_of,
                                  config.max_model_len)
         self.seats = Seats(config.max_num_seqs, self.running, self._live, self._forking)

@@ -18,14 +18,16 @@ p99 1,125 ms against vLLM's 222 and 385 at 2 requests/s (Intel Xeon, bfloat16), 
 
 When both targets cannot be met the ITL bound wins, and the prompt comes late with the most each step may
 carry:
-  routine   a step lifted for a deadline stalls the streams at most LIFT_STALL x a decode step, so the
-            p99/p50 gap stays under 3x while prompts keep arriving
+  routine   a step lifted for a deadline stalls the streams at most LIFT_STALL (--ttft-stall-limit) x a
+            decode step, so the p99/p50 gap stays under 3x while prompts keep arriving, and never past
+            itl_target_s unless the stall factor's own step (2x a decode step) is longer (a big model)
   bursts    at most LONG_STEPS of the last LONG_WINDOW steps may go past the routine bound, up to
             itl_target_s: a burst of prompts drains at nearly whole-prompt speed (vLLM's way), and steps
             that long stay well under 1% of the streams' gaps, so out of their p99
-  floors    the queue's floors (arrival, backlog: step_cost.py) never plan a step past itl_target_s either;
-            where LIFT_STALL x a decode step is longer than the target (a big model's decode step alone
-            may pass it), that is the bound, so prompts always move
+  floors    the queue's floors (arrival, backlog: step_cost.py) never plan a step past itl_target_s either,
+            on a host and model that can keep it (the stall factor's step is shorter); where even that
+            passes the target (a big model), the floors keep their own bound (SATURATED_STALL), so
+            prompts always move
 Pure Python: no clock of its own (the scheduler passes `now`), no torch.
 """
 
@@ -41,9 +43,9 @@ LIFT_STALL = 2.75
 that 8 closed-loop streams must keep, with a margin for the cost estimate's error."""
 LONG_WINDOW = 512
 """Steps beside generating streams over which LONG_STEPS are counted."""
-LONG_STEPS = 3
+LONG_STEPS = 4
 """Steps of the last LONG_WINDOW that may go past the routine bound (up to itl_target_s) for a burst: under 1%
-of the steps (0.6%), so of the gaps of the streams they stall: out of the p99 with room for a noisy host."""
+of the steps (0.8%), so of the gaps of the streams they stall: out of the p99 with room for a noisy host."""
 
 
 def tokens_due(due: list[tuple[float, int]], now: float, step_s: float, per_token_s: float) -> int:
@@ -63,7 +65,9 @@ class SloPlanner:
     ttft_target_s: float = 0.0
     """A prompt's first token is due this long after it was queued (0: no deadlines, nothing planned)."""
     itl_target_s: float = 0.0
-    """The longest step a deadline may ask for (0: LIFT_STALL x a decode step, no longer steps for bursts)."""
+    """The longest step the floors or a deadline may plan (0: no bound on the floors, no long steps)."""
+    stall_limit: float = LIFT_STALL
+    """A step lifted for a deadline routinely takes at most this many decode steps (--ttft-stall-limit)."""
     planned: deque[bool] = field(default_factory=lambda: deque(maxlen=LONG_WINDOW))
     """Whether each of the latest steps beside generating streams went past the routine bound."""
 
@@ -81,10 +85,17 @@ class SloPlanner:
         cost, decode_s = costs.prompt_cost(), costs.decode_step_s
         if cost is None or decode_s is None:
             return floor, False  # nothing measured yet: the stall factor's first guess rules
+
+        def fitting(seconds: float) -> int:
+            return max(MIN_PROMPT_TOKENS, int((seconds - decode_s - fixed) // per_token))
+
         fixed, per_token = cost
-        routine = max(MIN_PROMPT_TOKENS, int(((LIFT_STALL - 1.0) * decode_s - fixed) // per_token))
-        longest = max(routine, int((self.itl_target_s - decode_s - fixed) // per_token))
-        if self.itl_target_s:  # the ITL target bounds the queue's floors too (a big model's 2.75x may pass it)
+        routine_s = self.stall_limit * decode_s
+        if self.itl_target_s:  # the target binds unless a big model's stall-factor step alone passes it
+            routine_s = min(routine_s, max(self.itl_target_s, costs.stall_factor * decode_s))
+        routine = fitting(routine_s)
+        longest = max(routine, fitting(self.itl_target_s))
+        if self.itl_target_s >= costs.stall_factor * decode_s:  # a target this host can keep bounds the floors too
             floor = min(floor, longest)
         need = tokens_due(due, now, decode_s + fixed, per_token) if self.ttft_target_s and due else 0
         if need <= floor:

@@ -189,3 +189,18 @@ def test_targets_come_from_the_engine_flags() -> None:
     assert (config.ttft_target_s, config.itl_target_s) == (0.0, 0.09)
     with pytest.raises(ValueError, match="ttft_target_s"):
         engine_config(build_parser({}).parse_args(["--ttft-target-ms", "-1"]))
+
+
+def test_a_model_whose_decode_step_passes_the_itl_target_still_moves_prompts() -> None:
+    """A 1B model: 200 ms decode steps, where 150 ms cannot be kept. Deadlines then lift to the stall factor's
+    own step (2x), and the queue's floors keep their bound: prompts do not crawl at MIN_PROMPT_TOKENS."""
+    costs = StepCosts(2.0)
+    costs.observe(_step(16), 0.200)
+    for p in (64, 128, 256, 32):
+        costs.observe(_step(16, p), 0.200 + 0.030 + 0.002 * p)
+    slo = SloPlanner(ttft_target_s=0.15, itl_target_s=0.15)
+    late = [(0.0, 512)]
+    assert abs(slo.prompt_tokens(costs, late, 1.0, 40, 2048) - (0.4 - 0.23) / 0.002) <= 1  # 85: a 2x step
+    assert slo.prompt_tokens(costs, [], 1.0, 300, 2048) == 300  # a floor past the target keeps its own bound
+    kept = SloPlanner(ttft_target_s=0.15, itl_target_s=0.5)  # a target this model can keep bounds the floors
+    assert abs(kept.prompt_tokens(costs, [], 1.0, 300, 2048) - (0.5 - 0.23) / 0.002) <= 1
