@@ -96,6 +96,10 @@ ARRIVAL_MARGIN = 1.25
 """The arrival floor admits this much more than arrives per step, so a backlog drains."""
 PROMPT_COST_WINDOW = 32
 """Steps carrying prompt tokens beside decodes whose extra seconds make the affine prompt cost (prompt_cost)."""
+MIN_SLOPE_SHARE = 0.25
+"""A fitted per-token cost under this share of the through-origin one is noise (steps slowed by a neighbour on a
+shared host), not cheap tokens: planned on, it would fill a step with thousands of tokens; through the origin
+instead."""
 
 
 @dataclass
@@ -245,13 +249,14 @@ def affine_fit(samples: list[tuple[int, float]]) -> tuple[float, float]:
     n = len(samples)
     mean_p = sum(p for p, _ in samples) / n
     mean_x = sum(x for _, x in samples) / n
+    origin = max(mean_x / max(mean_p, 1.0), 1e-7)  # every second charged per token: at least the true slope
     var = sum((p - mean_p) ** 2 for p, _ in samples)
     if var >= (0.25 * mean_p) ** 2 * n:  # the sizes spread enough to tell the fixed part from the slope
         slope = sum((p - mean_p) * (x - mean_x) for p, x in samples) / var
         fixed = mean_x - slope * mean_p
-        if slope > 0 and fixed >= 0:
+        if slope >= MIN_SLOPE_SHARE * origin and fixed >= 0:
             return fixed, slope
-    return 0.0, max(mean_x / max(mean_p, 1.0), 1e-7)
+    return 0.0, origin
 
 
 def _blend(old: float | None, new: float) -> float:

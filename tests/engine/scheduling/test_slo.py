@@ -204,3 +204,11 @@ def test_a_model_whose_decode_step_passes_the_itl_target_still_moves_prompts() -
     assert slo.prompt_tokens(costs, [], 1.0, 300, 2048) == 300  # a floor past the target keeps its own bound
     kept = SloPlanner(ttft_target_s=0.15, itl_target_s=0.5)  # a target this model can keep bounds the floors
     assert abs(kept.prompt_tokens(costs, [], 1.0, 300, 2048) - (0.5 - 0.23) / 0.002) <= 1
+
+
+def test_a_noisy_shallow_slope_is_not_read_as_cheap_tokens() -> None:
+    """Steps of 20-64 tokens, the short ones slowed by a neighbour: a line through them would say 0.01 ms a
+    token, and a step planned on it would carry thousands."""
+    samples = [(20, 0.040), (24, 0.041), (60, 0.041), (64, 0.0415)]
+    fixed, per_token = affine_fit(samples)
+    assert fixed == 0.0 and per_token == pytest.approx(sum(x for _, x in samples) / sum(p for p, _ in samples))
