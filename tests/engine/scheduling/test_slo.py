@@ -9,6 +9,8 @@ process's (its serving defaults); the clock moves by each step's simulated time.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from engine.outputs import SchedulerOutput
@@ -41,7 +43,8 @@ def host_s(out: SchedulerOutput) -> float:
 class Sim:
     """The engine's serving scheduler on the simulated host: each step is timed, observed, and moves the clock."""
 
-    def __init__(self, **targets: float) -> None:
+    def __init__(self, host: Callable[[SchedulerOutput], float] | None = None, **targets: float) -> None:
+        self.host = host or host_s
         self.clock = FakeClock()
         config = {"ttft_target_s": TTFT_S, "itl_target_s": ITL_S} | targets
         self.sched, self.runner = make_scheduler(
@@ -62,7 +65,7 @@ class Sim:
     def step(self) -> SchedulerOutput:
         generating = sum(r.num_output_tokens > 0 for r in self.sched.running)
         out = step(self.sched, self.runner, self.run, check=False)
-        seconds = host_s(out)
+        seconds = self.host(out)
         self.sched.step_costs.observe(out, seconds)
         self.clock.now += seconds
         self.ends.append(self.clock.now)
