@@ -103,7 +103,7 @@ def serving_prefill_budget(config: SchedulerConfig, running: list[Request], wait
     prefilling = [r for r in running if r.num_computed_tokens < r.num_prompt_tokens]
     backlog = _backlog(waiting, prefilling, now, live) if costs.backlog_drain_s > 0 else 0
     budget = costs.prompt_budget(cap, backlog, max(cap, config.max_num_batched_tokens))
-    if slo is None or slo.ttft_target_s <= 0:
+    if slo is None or not (slo.ttft_target_s or slo.itl_target_s):
         return budget
     due = [(live[r.request_id].enqueued_at + slo.ttft_target_s, r.num_tokens - r.num_computed_tokens)
            for group in (waiting, prefilling) for r in group

@@ -215,3 +215,14 @@ def test_a_noisy_shallow_slope_is_not_read_as_cheap_tokens() -> None:
     samples = [(20, 0.040), (24, 0.041), (60, 0.041), (64, 0.0415)]
     fixed, per_token = affine_fit(samples)
     assert fixed == 0.0 and per_token == pytest.approx(sum(x for _, x in samples) / sum(p for p, _ in samples))
+
+
+def test_the_itl_target_alone_bounds_the_floors() -> None:
+    """No TTFT target: nothing is lifted, but the backlog floor still keeps to the ITL target."""
+    sim = Sim(ttft_target_s=0.0, itl_target_s=0.1)
+    sim.streams(8)
+    sim.add(3000, max_tokens=4)
+    sim.steps.clear()
+    for _ in range(60):
+        sim.step()
+    assert max(sim.stalls()) <= 0.1 * 1.01
