@@ -74,7 +74,8 @@ class SchedulerConfig:
     """Serving mode: the longest step that the queue's floors or a TTFT deadline may plan while streams generate
     (the gap it puts between two tokens of every stream); deadline lifts routinely stop at ttft_stall_limit, only
     bursts reach this. When both targets cannot be met the ITL target wins: the prompt comes late. A target the
-    stall factor's own step already passes (a big model) binds nothing (slo.py). 0: no bound."""
+    stall factor's own step already passes (a big model) holds lifts to that step and leaves the floors their own
+    bound (slo.py). 0: no bound."""
     ttft_stall_limit: float = LIFT_STALL
     """Serving mode, with ttft_target_s: a step lifted for a deadline routinely takes at most this many decode
     steps (a few bursts a minute: up to itl_target_s). Under 3, closed-loop streams keep p99 ITL under 3x the
