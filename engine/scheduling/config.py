@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from engine.scheduling.slo import LIFT_STALL
+
 PreemptionMode = Literal["swap", "recompute", "auto"]
 Policy = Literal["priority", "fcfs"]
 
@@ -64,6 +66,20 @@ class SchedulerConfig:
     """Serving mode, with prefill_stall_factor: while prompt tokens wait, steps carry at least enough
     of them to drain the backlog within about this many seconds, TTFT bought with longer steps
     (StepCosts.backlog_drain_s). 0: off."""
+    ttft_target_s: float = 0.0
+    """Serving mode: a prompt's first token is due this long after it was queued. While streams generate, each
+    step carries at least the prompt tokens that let every waiting prompt (earliest deadline first) finish its
+    prefill by then at the measured step costs, within itl_target_s (engine/scheduling/slo.py). 0: off."""
+    itl_target_s: float = 0.0
+    """Serving mode: the longest step that the queue's floors or a TTFT deadline may plan while streams generate
+    (the gap it puts between two tokens of every stream); deadline lifts routinely stop at ttft_stall_limit, only
+    bursts reach this. When both targets cannot be met the ITL target wins: the prompt comes late. A target the
+    stall factor's own step already passes (a big model) holds lifts to that step and leaves the floors their own
+    bound (slo.py). 0: no bound."""
+    ttft_stall_limit: float = LIFT_STALL
+    """Serving mode, with ttft_target_s: a step lifted for a deadline routinely takes at most this many decode
+    steps (a few bursts a minute: up to itl_target_s). Under 3, closed-loop streams keep p99 ITL under 3x the
+    median; higher buys TTFT at light load with the streams' smoothness."""
 
     max_loras: int = 4
     """Distinct LoRA adapters among the running requests, so in any step (base requests not counted).
@@ -102,6 +118,10 @@ class SchedulerConfig:
             raise ValueError("prefill_stall_factor must be above 1 (or 0: off)")
         if self.prefill_backlog_drain_s < 0:
             raise ValueError("prefill_backlog_drain_s must be non-negative (0: off)")
+        if self.ttft_target_s < 0 or self.itl_target_s < 0:
+            raise ValueError("ttft_target_s and itl_target_s must be non-negative (0: off)")
+        if self.ttft_stall_limit <= 1.0:
+            raise ValueError("ttft_stall_limit must be above 1")
 
 
 @dataclass(frozen=True)

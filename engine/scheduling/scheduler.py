@@ -33,6 +33,7 @@ from engine.scheduling.preemption import pick_victim, plan_room, preempt_kind, v
 from engine.scheduling.request_checks import RequestRejected, validate_request
 from engine.scheduling.sample_group import SampleGroup, SampleState, sample_ids, split_samples
 from engine.scheduling.seats import Seats
+from engine.scheduling.slo import SloPlanner
 from engine.scheduling.step_builder import StepBuilder, serving_prefill_budget
 from engine.scheduling.step_cost import StepCosts
 from engine.scheduling.stop_conditions import finish_status
@@ -71,6 +72,7 @@ class Scheduler:
         self._finished_ids: list[str] = []
         self._counters = Counters()
         self.step_costs = StepCosts(config.prefill_stall_factor, config.prefill_backlog_drain_s)  # EngineCore feeds it
+        self.slo = SloPlanner(config.ttft_target_s, config.itl_target_s, config.ttft_stall_limit)  # slo.py
         self.groups = GroupSteps(self.bm, self._live, self.running, self._forking, self._finish, self._level_of,
                                  config.max_model_len)
         self.seats = Seats(config.max_num_seqs, self.running, self._live, self._forking)
@@ -129,7 +131,7 @@ class Scheduler:
         self.loras.begin_step(self.running, now)
         step = StepBuilder(budget=self.config.max_num_batched_tokens, chunk_cap=self.config.long_prefill_token_threshold,
                            prefill_budget=serving_prefill_budget(self.config, self.running, self.waiting,
-                                                                 self.step_costs, now, self._live))
+                                                                 self.step_costs, now, self._live, self.slo))
         if self.config.policy == "priority":
             self._preempt_for_urgent(now, step)
         if not self._schedule_running(step):

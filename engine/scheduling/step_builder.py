@@ -15,6 +15,7 @@ from engine.request import Request
 from engine.scheduling.block_manager import BlockPairs
 from engine.scheduling.config import SchedulerConfig
 from engine.scheduling.sample_group import SampleState
+from engine.scheduling.slo import SloPlanner
 from engine.scheduling.step_cost import BACKLOG_AGE_S, StepCosts
 
 
@@ -82,28 +83,40 @@ class StepBuilder:
 
 
 def serving_prefill_budget(config: SchedulerConfig, running: list[Request], waiting: Iterable[Request],
-                           costs: StepCosts, now: float, live: Mapping[str, SampleState]) -> int | None:
+                           costs: StepCosts, now: float, live: Mapping[str, SampleState],
+                           slo: SloPlanner | None = None) -> int | None:
     """The serving mode's prompt-token bound for a step: set while any running stream generates; in
     time (prefill_stall_factor, from the measured step costs) under the token cap, lifted while prompt
     tokens wait (queued, or part-prefilled), so that a backlog drains within costs.backlog_drain_s, and
     while prompts arrive faster than the cap admits them (either past the cap, up to the step's token budget
     and a step about SATURATED_STALL x a decode step: a saturated server admits more than a cap's worth a
-    step, StepCosts.prompt_budget).
-    Only prompts that have waited BACKLOG_AGE_S by `now` (`live`: when each was queued) count: a
-    queue that outlives that is a saturated server's, a younger burst is the stall bound's."""
+    step, StepCosts.prompt_budget); then lifted again as far as the prompts' TTFT deadlines need, within the
+    ITL bounds (`slo`, engine/scheduling/slo.py: the serving targets are decided there).
+    Only prompts that have waited BACKLOG_AGE_S by `now` (`live`: when each was queued) count toward the
+    backlog: a queue that outlives that is a saturated server's, a younger burst is the deadlines'."""
     cap = config.max_prefill_tokens_while_decoding
     generating = sum(r.num_computed_tokens >= r.num_prompt_tokens for r in running)
     if not cap or not generating:
         return None
     if costs.stale(generating):
         return 0  # this step measures what a decode step of the grown (or shrunk) batch takes
-    backlog = 0
-    if costs.backlog_drain_s > 0:  # counted only when it can matter: the queue may be long
-        def old(r: Request) -> bool:
-            state = live.get(r.request_id)  # always there; unknown would count as old
-            return state is None or now - state.enqueued_at >= BACKLOG_AGE_S
+    prefilling = [r for r in running if r.num_computed_tokens < r.num_prompt_tokens]
+    backlog = _backlog(waiting, prefilling, now, live) if costs.backlog_drain_s > 0 else 0
+    budget = costs.prompt_budget(cap, backlog, max(cap, config.max_num_batched_tokens))
+    if slo is None or not (slo.ttft_target_s or slo.itl_target_s):
+        return budget
+    due = [(live[r.request_id].enqueued_at + slo.ttft_target_s, r.num_tokens - r.num_computed_tokens)
+           for group in (waiting, prefilling) for r in group
+           if r.num_output_tokens == 0 and r.request_id in live]  # a resumed request had its first token
+    return slo.prompt_tokens(costs, due, now, budget, config.max_num_batched_tokens)
 
-        backlog = sum(r.num_tokens - r.num_computed_tokens for r in waiting if old(r))
-        backlog += sum(r.num_prompt_tokens - r.num_computed_tokens for r in running
-                       if r.num_computed_tokens < r.num_prompt_tokens and old(r))
-    return costs.prompt_budget(cap, backlog, max(cap, config.max_num_batched_tokens))
+
+def _backlog(waiting: Iterable[Request], prefilling: list[Request], now: float,
+             live: Mapping[str, SampleState]) -> int:
+    """Prompt tokens left of the prompts queued BACKLOG_AGE_S or longer (counted only when the floor is on)."""
+    def old(r: Request) -> bool:
+        state = live.get(r.request_id)  # always there; unknown would count as old
+        return state is None or now - state.enqueued_at >= BACKLOG_AGE_S
+
+    return (sum(r.num_tokens - r.num_computed_tokens for r in waiting if old(r))
+            + sum(r.num_prompt_tokens - r.num_computed_tokens for r in prefilling if old(r)))

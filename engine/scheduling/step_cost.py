@@ -94,6 +94,12 @@ step's whole token budget instead, drains of 700-1,700 prompt tokens took 0.3-0.
 the same sitting."""
 ARRIVAL_MARGIN = 1.25
 """The arrival floor admits this much more than arrives per step, so a backlog drains."""
+PROMPT_COST_WINDOW = 32
+"""Steps carrying prompt tokens beside decodes whose extra seconds make the affine prompt cost (prompt_cost)."""
+MIN_SLOPE_SHARE = 0.25
+"""A fitted per-token cost under this share of the through-origin one is noise (steps slowed by a neighbour on a
+shared host), not cheap tokens: planned on, it would fill a step with thousands of tokens; through the origin
+instead."""
 
 
 @dataclass
@@ -116,6 +122,8 @@ class StepCosts:
     """(arrival time, prompt tokens) of recent requests, oldest first."""
     prompt_stalls: deque[float] = field(default_factory=lambda: deque(maxlen=DECODE_WINDOW))
     """Seconds over the decode step's of the latest steps that carried prompt tokens beside decodes."""
+    prompt_extra: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=PROMPT_COST_WINDOW))
+    """(prompt tokens, seconds beyond the decode step) of the latest steps that carried prompt tokens beside decodes."""
 
     def observe(self, out: SchedulerOutput, seconds: float) -> None:
         """One executed step: its schedule and how long the runner took."""
@@ -131,6 +139,7 @@ class StepCosts:
             self.steps_since_decode = 0
         elif decodes and (decode_s := self.decode_step_s) is not None and self.stall_factor > 1.0:
             self.prompt_stalls.append(seconds / decode_s)
+            self.prompt_extra.append((prompt_tokens, seconds - decode_s))
             self._learn(prompt_tokens, seconds / decode_s)
 
     @property
@@ -149,6 +158,23 @@ class StepCosts:
             return None
         stall = statistics.median(self.prompt_stalls) if self.prompt_stalls else self.stall_factor
         return self.decode_step_s * min(max(stall, self.stall_factor), SATURATED_STALL)
+
+    def prompt_cost(self) -> tuple[float, float] | None:
+        """(fixed seconds, seconds per token) that prompt tokens add to a decode step, the line fitted to the
+        latest mixed steps: a chunk's attention call and new product shapes cost something whatever its length,
+        so the deadline plan (engine/scheduling/slo.py) charges that part once per step, not per token. Steps of
+        one size (or a fit that slopes down) give no line: then the whole extra time is charged per token, which
+        overstates a bigger chunk's cost (safe for the ITL bound, early for the TTFT). Before any mixed step:
+        the learnt budget's (or the first guess's) tokens for the stall factor's extra time. None: no decode
+        step measured, or no time budget."""
+        decode_s = self.decode_step_s
+        if decode_s is None or self.stall_factor <= 1.0:
+            return None
+        samples = [(p, max(x, 0.0)) for p, x in self.prompt_extra]
+        if not samples:
+            tokens = FIRST_PROMPT_TOKENS if self.budget is None else max(self.budget, float(MIN_PROMPT_TOKENS))
+            return 0.0, (self.stall_factor - 1.0) * decode_s / tokens
+        return affine_fit(samples)
 
     def stale(self, decode_rows: int) -> bool:
         """Whether a batch of `decode_rows` generating streams needs a decode-only step to measure it: the
@@ -215,6 +241,22 @@ class StepCosts:
         stall_bound = int(learnt * (SATURATED_STALL - 1.0) / (self.stall_factor - 1.0))
         ceiling = cap if saturated_cap is None else max(cap, min(saturated_cap, stall_bound))
         return max(MIN_PROMPT_TOKENS, min(cap, learnt), min(ceiling, queue))
+
+
+def affine_fit(samples: list[tuple[int, float]]) -> tuple[float, float]:
+    """Least squares (fixed, per_token) of seconds = fixed + per_token x tokens over (tokens, seconds) samples,
+    fixed >= 0 and per_token > 0; through the origin when the tokens barely vary or the line would not fit so."""
+    n = len(samples)
+    mean_p = sum(p for p, _ in samples) / n
+    mean_x = sum(x for _, x in samples) / n
+    origin = max(mean_x / max(mean_p, 1.0), 1e-7)  # every second charged per token: at least the true slope
+    var = sum((p - mean_p) ** 2 for p, _ in samples)
+    if var >= (0.25 * mean_p) ** 2 * n:  # the sizes spread enough to tell the fixed part from the slope
+        slope = sum((p - mean_p) * (x - mean_x) for p, x in samples) / var
+        fixed = mean_x - slope * mean_p
+        if slope >= MIN_SLOPE_SHARE * origin and fixed >= 0:
+            return fixed, slope
+    return 0.0, origin
 
 
 def _blend(old: float | None, new: float) -> float:

@@ -17,6 +17,7 @@ from collections.abc import Iterator, Mapping
 
 import zmq
 
+from engine.scheduling.slo import LIFT_STALL
 from engine.serving.announce import add_announce_args, announced
 from engine.serving.server import EngineServer, ServerConfig
 from shared.cli_env import add_env_twins
@@ -44,6 +45,13 @@ SERVING_STALL_FACTOR = 2.0
 # TTFT p50 845 ms, goodput 3.66, 525 out tok/s (vLLM 457), TPOT 64 ms (89), p99 ITL 160 ms (296); at
 # 2 requests/s unchanged (231.9 out tok/s, TPOT 24 ms, p99 ITL 46 ms; vLLM 215.7, 44, 102).
 SERVING_BACKLOG_DRAIN_S = 0.1
+# The serving targets (engine/scheduling/slo.py): while streams generate, a prompt's prefill is planned to end
+# within SERVING_TTFT_TARGET_MS of its arrival at the engine, in steps of at most 2.75x a decode step (a few
+# bursts a minute: up to SERVING_ITL_TARGET_MS). Chosen against vLLM's served figures on the Intel Xeon
+# (2 requests/s of 256-token prompts: TTFT p50 222 ms, p99 385; p99 ITL 175 ms at 2/s, 149 at 8/s), less
+# the gateway's few milliseconds.
+SERVING_TTFT_TARGET_MS = 150.0
+SERVING_ITL_TARGET_MS = 150.0
 
 
 def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
@@ -60,16 +68,7 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     p.add_argument("--num-blocks", type=int, default=None, help="force the device block count")
     p.add_argument("--max-num-seqs", type=int, default=64, help="most requests running at once")
     p.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget per step")
-    p.add_argument("--max-prefill-while-decoding", type=int, default=SERVING_PREFILL_BUDGET,
-                   help="prompt tokens a step may compute while streams are generating: bounds the stall a "
-                        "new prompt causes them (0: only the step budget)")
-    p.add_argument("--prefill-stall-factor", type=float, default=SERVING_STALL_FACTOR,
-                   help="while streams generate, a step with prompt tokens may take at most this many times a "
-                        "decode-only step, as measured on this host (0: --max-prefill-while-decoding alone)")
-    p.add_argument("--prefill-backlog-drain", type=float, default=SERVING_BACKLOG_DRAIN_S,
-                   help="seconds: while prompts queued for a second or more wait, steps carry enough of them "
-                        "to drain them within about this long, up to --max-num-batched-tokens and a step about 4x a "
-                        "decode step (TTFT and throughput under load for longer steps; 0: off, the stall bound alone)")
+    add_serving_args(p)
     p.add_argument("--no-prefix-caching", action="store_true", help="never reuse KV blocks of equal prompt prefixes")
     p.add_argument("--policy", default="priority", choices=["priority", "fcfs"],
                    help="admission order: (aged) priority then fair share, or arrival only")
@@ -106,6 +105,30 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
                         " e.g. '{\"temperature\": 0.7, \"top_p\": 0.9}'")
     add_env_twins(p, ENV_PREFIX, ENV_NAMES, environ)  # every flag also reads PAGESERVE_ENGINE_<FLAG> (shared/cli_env.py)
     return p
+
+
+def add_serving_args(p: argparse.ArgumentParser) -> None:
+    """How steps share time between generating streams and new prompts (engine/scheduling/slo.py, step_cost.py)."""
+    p.add_argument("--max-prefill-while-decoding", type=int, default=SERVING_PREFILL_BUDGET,
+                   help="prompt tokens a step may compute while streams are generating: bounds the stall a "
+                        "new prompt causes them (0: only the step budget)")
+    p.add_argument("--prefill-stall-factor", type=float, default=SERVING_STALL_FACTOR,
+                   help="while streams generate, a step with prompt tokens may take at most this many times a "
+                        "decode-only step, as measured on this host (0: --max-prefill-while-decoding alone)")
+    p.add_argument("--prefill-backlog-drain", type=float, default=SERVING_BACKLOG_DRAIN_S,
+                   help="seconds: while prompts queued for a second or more wait, steps carry enough of them "
+                        "to drain them within about this long, up to --max-num-batched-tokens and a step about 4x a "
+                        "decode step (TTFT and throughput under load for longer steps; 0: off, the stall bound alone)")
+    p.add_argument("--ttft-target-ms", type=float, default=SERVING_TTFT_TARGET_MS,
+                   help="while streams generate, steps carry enough prompt tokens that each prompt's first token "
+                        "is due this long after it reached the engine, within the ITL bounds (0: off)")
+    p.add_argument("--itl-target-ms", type=float, default=SERVING_ITL_TARGET_MS,
+                   help="the longest step the queue's floors or a TTFT deadline may plan while streams generate "
+                        "(a deadline routinely asks at most 2.75x a decode step, this long only for a burst; "
+                        "2x where that is longer); when both targets cannot be met this wins (0: no bound)")
+    p.add_argument("--ttft-stall-limit", type=float, default=LIFT_STALL,
+                   help="a step lifted for a TTFT deadline routinely takes at most this many decode steps: under 3 "
+                        "keeps closed-loop streams' p99 gap under 3x the median; higher buys TTFT with smoothness")
 
 
 ENV_PREFIX = "PAGESERVE_ENGINE_"

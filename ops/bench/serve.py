@@ -7,7 +7,10 @@
 Sends a named workload (ops/bench/workloads.py) with Poisson arrivals at each rate
 of `--request-rate` (a comma list is a sweep; `inf` sends all at once), capped by
 `--concurrency` when given, and reports TTFT, ITL, TPOT, e2e at p50/p90/p99, request
-and token throughput, goodput under `--slo-ttft`/`--slo-itl`, and errors by kind.
+and token throughput, goodput under `--slo-ttft`/`--slo-itl`, and errors by kind; with a peer, a
+second table puts the two side by side at each load and marks where ours is at least as good.
+`--closed-loop N` then runs N closed-loop streams per system and prints p99 ITL over the median.
+vLLM's `bench serve` load (issue 41): `--random 64 256 128 --dtype bfloat16 --request-rate 2,8`.
 Each system first gets two small unrecorded warm-up requests.
 `--spawn` starts our stack (redis, engine, gateway) for the run; `--gateway-overhead`
 then also sends the same arrivals to the engine alone over ZeroMQ, gateway and engine
@@ -39,7 +42,16 @@ from ops.bench import vllm_peer
 from ops.bench.engine_direct import EngineDirect
 from ops.bench.load import Arrival, run_load, schedule
 from ops.bench.openai_client import ENDPOINTS, Target, send_openai
-from ops.bench.serve_report import RunResult, plot, print_results, tenant_table, write_json
+from ops.bench.serve_report import (
+    RunResult,
+    closed_loop_label,
+    plot,
+    print_results,
+    print_versus,
+    smoothness_lines,
+    tenant_table,
+    write_json,
+)
 from ops.bench.serve_stats import Slo
 from ops.bench.stack import SpawnedStack
 from ops.bench.workloads import (
@@ -82,6 +94,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="only the workload's first N requests (a quick look; the named workload is all of them)")
     p.add_argument("--request-rate", default="2", help="requests/s, Poisson; comma list sweeps; inf: all at once")
     p.add_argument("--concurrency", type=int, default=None, help="most requests in flight")
+    p.add_argument("--closed-loop", type=int, default=0, metavar="N",
+                   help="after the rates, N closed-loop streams (the workload all at once, N in flight) for each "
+                        "system: prints p99 ITL over the median (issue 41: within 3x at 8)")
     p.add_argument("--slo-ttft", type=float, default=1.0, help="seconds (goodput)")
     p.add_argument("--slo-itl", type=float, default=0.1, help="seconds, per request's mean inter-token gap")
     p.add_argument("--gateway-overhead", action="store_true", help="also run the engine alone (needs --spawn)")
@@ -107,13 +122,15 @@ def load_label(rate: float | None, concurrency: int | None) -> str:
     return label + (f", concurrency {concurrency}" if concurrency else "")
 
 
-async def _http_run(target: Target, arrivals: list[Arrival], args: argparse.Namespace, label: str) -> tuple[Any, float]:
+async def _http_run(target: Target, arrivals: list[Arrival], args: argparse.Namespace, label: str,
+                    concurrency: int | None = None) -> tuple[Any, float]:
+    concurrency = concurrency or args.concurrency
     limits = httpx.Limits(max_connections=len(arrivals) + 8, max_keepalive_connections=len(arrivals) + 8)
     async with httpx.AsyncClient(timeout=httpx.Timeout(args.timeout, connect=30), limits=limits) as client:
         async def send(i: int, r: Any, t0: float) -> Any:
             return await send_openai(client, target, i, r, t0)
 
-        return await run_load(send, arrivals, args.concurrency, not args.no_progress, label)
+        return await run_load(send, arrivals, concurrency, not args.no_progress, label)
 
 
 async def _direct_run(address: str, arrivals: list[Arrival], args: argparse.Namespace, label: str) -> tuple[Any, float]:
@@ -159,6 +176,11 @@ def run_target(target: Target, w: Workload, args: argparse.Namespace, engine_add
             out.append(RunResult(name, label, w.name, timings, secs, slo))
             console.print(f"  {name}, {label}: {out[-1].summary.completed}/{len(arrivals)} done in {secs:.1f}s, "
                           f"median TTFT {1000 * out[-1].summary.ttft['p50']:.0f} ms")
+    if args.closed_loop:
+        label = closed_loop_label(args.closed_loop)
+        sent = salted(schedule(w, None, args.seed), next(salts))
+        timings, secs = asyncio.run(_http_run(target, sent, args, f"{target.name} {label}", args.closed_loop))
+        out.append(RunResult(target.name, label, w.name, timings, secs, slo))
     return out
 
 
@@ -231,7 +253,8 @@ def main(argv: list[str]) -> int:
         results += run_vllm(w, args)
     print_results(results, f"bench serve, workload {w.name} (SLO: TTFT <= {args.slo_ttft:g} s, "
                            f"TPOT <= {1000 * args.slo_itl:g} ms)", console)
-    for line in gateway_overhead(results):
+    print_versus(results, console)
+    for line in gateway_overhead(results) + smoothness_lines(results):
         console.print(line)
     if w.name == "multitenant":
         for r in results:

@@ -62,6 +62,65 @@ def results_table(results: list[RunResult], title: str) -> Table:
     return table
 
 
+VERSUS: tuple[tuple[str, str, bool], ...] = (
+    ("out tok/s", "output_tok_s", True), ("TTFT p50 ms", "ttft.p50", False), ("TTFT p99 ms", "ttft.p99", False),
+    ("TPOT p50 ms", "tpot.p50", False), ("ITL p99 ms", "itl.p99", False), ("goodput req/s", "goodput", True))
+"""The figures issue 41 compares with vLLM at each rate: (column, Summary field, whether higher is better)."""
+SMOOTH_RATIO = 3.0
+"""Closed-loop streams keep p99 inter-token latency within this many times the median (issue 41)."""
+
+
+def closed_loop_label(streams: int) -> str:
+    return f"closed loop, {streams} streams"
+
+
+def figure(s: Summary, field_name: str) -> float:
+    name, _, pct = field_name.partition(".")
+    value = getattr(s, name)
+    return float(value[pct] if pct else value)
+
+
+def versus_table(results: list[RunResult], ours: str = "pageserve", peer: str = "vLLM serve") -> Table | None:
+    """Ours / the peer's at each load both ran, each cell marked ok where ours is at least as good."""
+    runs = {(r.system, r.load): r.summary for r in results if not r.error}
+    loads = [load for load in dict.fromkeys(r.load for r in results) if (ours, load) in runs and (peer, load) in runs]
+    if not loads:
+        return None
+    table = Table(title=f"{ours} / {peer}, same run (ok: at least as good)")
+    table.add_column("load")
+    for column, _, _ in VERSUS:
+        table.add_column(column, justify="right")
+    for load in loads:
+        cells = []
+        for _, field_name, higher in VERSUS:
+            a, b = figure(runs[(ours, load)], field_name), figure(runs[(peer, load)], field_name)
+            scale = 1.0 if higher else 1000.0
+            good = a >= b if higher else a <= b
+            cells.append(f"{scale * a:.{1 if higher else 0}f} / {scale * b:.{1 if higher else 0}f} "
+                         f"{'ok' if good else 'WORSE'}")
+        table.add_row(load, *cells)
+    return table
+
+
+def print_versus(results: list[RunResult], console: Console | None = None) -> None:
+    table = versus_table(results)
+    if table is not None:
+        (console or Console()).print(table)
+
+
+def smoothness_lines(results: list[RunResult]) -> list[str]:
+    """p99 ITL over the median of each closed-loop run."""
+    lines = []
+    for r in results:
+        if r.error or not r.load.startswith("closed loop") or not r.summary.completed:
+            continue
+        p50, p99 = r.summary.itl["p50"], r.summary.itl["p99"]
+        ratio = p99 / p50 if p50 > 0 else math.inf
+        lines.append(f"{r.system}, {r.load}: p99 ITL {1000 * p99:.0f} ms / median {1000 * p50:.0f} ms = "
+                     f"{ratio:.2f}x ({'within' if ratio <= SMOOTH_RATIO else 'PAST'} {SMOOTH_RATIO:g}x)")
+    return lines
+
+
 def tenant_table(result: RunResult, alone: RunResult | None) -> Table:
     table = Table(title=f"{result.system}, {result.load}: per tenant")
     for c in ("tenant", "done", "token share", "TTFT p50 ms", "TTFT p99 ms", "p99 TTFT alone ms", "with / alone"):

@@ -128,3 +128,33 @@ def test_salting_keeps_a_shared_prefix_shared_within_a_run() -> None:
     for arrivals in runs:
         assert len({a.request.prompt[:384] for a in arrivals}) == 1
     assert runs[0][0].request.prompt[:384] != runs[1][0].request.prompt[:384]
+
+
+def steady(i: int, ttft: float, gap: float, slow_gap: float | None = None) -> RequestTiming:
+    gaps = (gap,) * 98 + ((slow_gap,) if slow_gap else (gap,)) * 2
+    return RequestTiming(i, "default", 0.5 * i, 256, 101, ttft, ttft + sum(gaps), gaps)
+
+
+def test_versus_table_marks_each_figure_where_ours_is_worse() -> None:
+    from ops.bench.serve_report import print_versus
+
+    ours = RunResult("pageserve", "rate 2/s", "random-256-128", [steady(i, 0.150, 0.030) for i in range(4)], 10.0, Slo())
+    peer = RunResult("vLLM serve", "rate 2/s", "random-256-128", [steady(i, 0.100, 0.060) for i in range(4)], 12.0, Slo())
+    text = render(print_versus, [ours, peer])
+    row = next(line for line in text.splitlines() if "rate 2/s" in line)
+    assert "150 / 100 WORSE" in row  # TTFT p50: ours later
+    assert "30 / 60 ok" in row  # TPOT p50 and ITL p99: ours shorter
+    assert "40.4 / 33.7 ok" in row  # output tok/s: 404 tokens in 10 s against 12 s
+    assert render(print_versus, [ours]) == ""  # no peer: no table
+
+
+def test_closed_loop_smoothness_says_whether_p99_itl_is_within_3x_the_median() -> None:
+    from ops.bench.serve_report import closed_loop_label, smoothness_lines
+
+    label = closed_loop_label(8)
+    smooth = RunResult("pageserve", label, "w", [steady(i, 0.1, 0.030, 0.080) for i in range(8)], 9.0, Slo())
+    rough = RunResult("pageserve", label, "w", [steady(i, 0.1, 0.030, 0.100) for i in range(8)], 9.0, Slo())
+    rated = RunResult("pageserve", "rate 2/s", "w", [steady(i, 0.1, 0.030, 0.100) for i in range(8)], 9.0, Slo())
+    [ok], [past] = smoothness_lines([smooth, rated]), smoothness_lines([rough])
+    assert "2.67x (within 3x)" in ok and "closed loop, 8 streams" in ok
+    assert "3.33x (PAST 3x)" in past
