@@ -34,7 +34,9 @@ from engine.worker.kernel_warmup import warm_up_triton
 from engine.worker.kv_cache import CacheLayout, KVCache
 from engine.worker.lora.adapter import LoraAdapter, load_adapter
 from engine.worker.lora.errors import LoraError, LoraNotFound
+from engine.worker.lora.evicted_reads import EvictedReads
 from engine.worker.lora.figures import lora_figures
+from engine.worker.lora.reader import LoraReader
 from engine.worker.lora.registry import LoraRegistry
 from engine.worker.model_loader import DTYPES, load_model
 from engine.worker.model_runner import ModelRunner
@@ -111,6 +113,10 @@ class EngineCore:
         self.loras = self._lora_registry(config, loaded.shape, dtype)
         """--enable-lora: the adapters served on the base model; None: requests may not name one."""
         self.runner.loras = self.loras
+        self.lora_reader = LoraReader()
+        """The one thread reading adapter folders off the loop: admin loads (engine/serving/lora_calls.py) and
+        evicted adapters a request names (`evicted_reads`)."""
+        self.evicted_reads = EvictedReads(self.loras, self.lora_reader) if self.loras is not None else None
         defaults = resolve_sampling_defaults(loaded.path, loaded.name, config.default_sampling)
         self.model_info = ModelInfo(
             model_name=loaded.name,
@@ -139,6 +145,7 @@ class EngineCore:
             lora.max_cpu_loras)
         for name, path in lora.modules:
             registry.load(name, path)
+            registry.sweep(())  # no request yet: past --max-cpu-loras, only the folder is kept
         return registry
 
     def load_lora(self, name: str, path: str) -> None:
@@ -160,6 +167,7 @@ class EngineCore:
         """On the step loop: the adapter serves new requests as `name` from now on (a reload retires the old load)."""
         assert self.loras is not None
         self.loras.install(name, path, adapter, seconds)
+        self.loras.sweep(r.lora_id for r in self.scheduler.placement().live)  # --max-cpu-loras at once
         self._refresh_adapters()
 
     def unload_lora(self, name: str) -> None:
@@ -175,7 +183,9 @@ class EngineCore:
             AdapterInfo(name, self.model_info.model_name) for name in names))
 
     def close(self) -> None:
-        """Stop the tensor-parallel workers (also done at exit); nothing to do at size 1."""
+        """Stop the tensor-parallel workers (also done at exit) and the adapter reader."""
+        if getattr(self, "lora_reader", None) is not None:
+            self.lora_reader.close()
         if self.parallel is not None:
             self.parallel.close()
 
@@ -190,13 +200,19 @@ class EngineCore:
                 raise LoraNotFound(f"the model {request.lora_name!r} does not exist")
             request.lora_id = self.loras.resolve(request.lora_name)
         self.scheduler.add_request(request)
+        if request.lora_id and self.evicted_reads is not None and \
+                self.evicted_reads.wait(request.lora_id, request.request_id):
+            self.scheduler.loras.hold(request.lora_id)  # passed over, never blocking, until its weights are read
 
     def abort_requests(self, request_ids: Iterable[str]) -> list[RequestDelta]:
         return self.scheduler.abort_requests(list(request_ids))
 
     def step(self) -> list[RequestDelta]:
         """One step; raises RequestsFailed (the step's requests aborted, the engine fine) when the
-        forward, sampling or stop checks failed for reasons of those requests (engine/step_failures.py)."""
+        forward, sampling or stop checks failed for reasons of those requests (engine/step_failures.py),
+        or an evicted adapter they waited for could not be read again."""
+        if self.evicted_reads is not None and self.evicted_reads.pending():
+            self._finish_lora_reads()
         out = self.scheduler.schedule()
         try:
             began = time.perf_counter()
@@ -211,6 +227,17 @@ class EngineCore:
                 raise
             failed = self.scheduler.fail_step(out)
             raise RequestsFailed(failed, f"the step failed: {type(e).__name__}: {e}") from e
+
+    def _finish_lora_reads(self) -> None:
+        """Evicted adapters read again become eligible; a failed read fails only the requests waiting on it."""
+        assert self.evicted_reads is not None
+        ready, failed = self.evicted_reads.finished()
+        for load_id in ready + [f.load_id for f in failed]:
+            self.scheduler.loras.release(load_id)
+        if failed:
+            ids = [rid for f in failed for rid in f.request_ids]
+            self.scheduler.abort_requests(ids)
+            raise RequestsFailed(ids, "; ".join(f.message for f in failed))
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()

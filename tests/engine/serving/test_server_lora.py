@@ -18,6 +18,7 @@ import zmq
 
 from engine.serving.server import EngineServer, ServerConfig
 from engine.worker.lora.errors import LoraError
+from engine.worker.lora.reader import LoraReader
 from engine.worker.lora.registry import LoraRegistry
 from gateway.engine_client import EngineClient
 from shared.model_info import AdapterInfo, ModelInfo
@@ -49,6 +50,7 @@ class LoraCore(FakeCore):
         super().__init__()
         self.model_info = INFO
         self.registry = LoraRegistry(self._read, max_cpu_loras=4)  # type: ignore[arg-type]
+        self.lora_reader = LoraReader()
         self.read_gate = threading.Event()
         self.read_gate.set()
         self.read_threads: list[str] = []
