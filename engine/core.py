@@ -30,7 +30,7 @@ from engine.scheduling.scheduler import Scheduler, SchedulerStats
 from engine.serving.step_stats import CoreCounts
 from engine.step_failures import RequestsFailed, is_fatal
 from engine.worker.decode_graphs import DecodeGraphs, bucket_sizes
-from engine.worker.kernel_warmup import warm_up_triton
+from engine.worker.kernel_warmup import warm_up_lora, warm_up_triton
 from engine.worker.kv_cache import CacheLayout, KVCache
 from engine.worker.lora.adapter import LoraAdapter, load_adapter
 from engine.worker.lora.errors import LoraError, LoraNotFound
@@ -48,6 +48,7 @@ from engine.worker.structured_outputs import StructuredOutputs
 from pageserve_kernels.attention_launch import KernelVariant
 
 if TYPE_CHECKING:
+    from engine.worker.lora.warmup import LoraWarmup
     from engine.worker.parallel.leader import TensorParallelLeader
 from pageserve_kernels.dispatch import select_backend
 from shared.model_info import AdapterInfo, ModelInfo, SamplingDefault
@@ -110,13 +111,7 @@ class EngineCore:
             self.runner.fast_forward = graphs
         elif backend.name == "torch" and not config.enforce_eager:
             self.runner.fast_forward = NativeLayers.build(loaded.model, self.kv_cache.layers, self.runner.attention)
-        self.loras = self._lora_registry(config, loaded.shape, dtype)
-        """--enable-lora: the adapters served on the base model; None: requests may not name one."""
-        self.runner.loras = self.loras
-        self.lora_reader = LoraReader()
-        """The one thread reading adapter folders off the loop: admin loads (engine/serving/lora_calls.py) and
-        evicted adapters a request names (`evicted_reads`)."""
-        self.evicted_reads = EvictedReads(self.loras, self.lora_reader) if self.loras is not None else None
+        self._set_up_lora(config, loaded.shape, dtype, min(config.scheduler.max_num_batched_tokens, max_model_len))
         defaults = resolve_sampling_defaults(loaded.path, loaded.name, config.default_sampling)
         self.model_info = ModelInfo(
             model_name=loaded.name,
@@ -133,6 +128,21 @@ class EngineCore:
         """The HF folder (`LLM` and the benchmarks load the tokenizer from it); engine-local, never sent."""
         self.dtype: str = loaded.dtype
         """The dtype it runs in ("auto" resolved)."""
+
+    def _set_up_lora(self, config: EngineConfig, spec: ModelSpec, dtype: torch.dtype, max_step_tokens: int) -> None:
+        self.loras = self._lora_registry(config, spec, dtype)
+        """--enable-lora: the adapters served on the base model; None: requests may not name one."""
+        self.runner.loras = self.loras
+        self.lora_reader = LoraReader()
+        """The one thread reading adapter folders off the loop: admin loads (engine/serving/lora_calls.py) and
+        evicted adapters a request names (`evicted_reads`)."""
+        self.evicted_reads = EvictedReads(self.loras, self.lora_reader) if self.loras is not None else None
+        self.lora_warmups: list[LoraWarmup] = []
+        """The LoRA kernel launches compiled at start-up (--enable-lora on CUDA only: the Triton path)."""
+        device = self.kv_cache.device_pool.device
+        if self.loras is not None and device.type == "cuda":
+            self.lora_warmups = warm_up_lora(spec, dtype, device, config.lora, max_step_tokens,
+                                             config.scheduler.max_num_seqs)
 
     @staticmethod
     def _lora_registry(config: EngineConfig, spec: ModelSpec, dtype: torch.dtype) -> LoraRegistry | None:

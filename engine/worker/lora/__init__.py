@@ -8,6 +8,7 @@
     reader.py     the one thread reading adapter folders off the step loop (admin loads, evicted adapters)
     evicted_reads.py  a request naming an evicted adapter waits while its folder is read again
     batch.py      one step's rows grouped by adapter; each projection adds x[rows] A^T B^T per group
+    warmup.py     on CUDA: every shrink/expand variant a step can launch, compiled at start-up
     device_weights.py  on CUDA: the active adapters stacked into weight slots and the step's rows as
                   one index list, for the Triton shrink/expand kernels (two launches per projection)
 
