@@ -54,7 +54,9 @@ def row_shapes(k: int, max_rows: int, max_groups: int) -> list[tuple[int, int]]:
     A step's rows (groups - 1 of them at least one each) fit its token budget `max_rows`."""
     seen: dict[tuple[int, int], tuple[int, int]] = {}
     for groups in range(1, max_groups + 1):
-        for rows in range(1, max_rows - groups + 2):
+        # the launch sees rows only through BLOCK_M (16, 32, 64: rows 1, 17, 33 start each) and the row
+        # blocks of 64 (65, 129, ... start each): the first of each band gives every key, in O(budget / 64)
+        for rows in (r for r in (1, 17, 33, *range(65, max_rows + 1, 64)) if r <= max_rows - groups + 1):
             seen.setdefault((launch_block_m(rows), shrink_split_k(rows, groups, k, BLOCK_K)), (rows, groups))
     return sorted(seen.values())
 
