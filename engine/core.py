@@ -134,6 +134,7 @@ class EngineCore:
         """--enable-lora: the adapters served on the base model; None: requests may not name one."""
         self.runner.loras = self.loras
         self.lora_reader = LoraReader()
+        self._empty_step = False
         """The one thread reading adapter folders off the loop: admin loads (engine/serving/lora_calls.py) and
         evicted adapters a request names (`evicted_reads`)."""
         self.evicted_reads = EvictedReads(self.loras, self.lora_reader) if self.loras is not None else None
@@ -224,6 +225,7 @@ class EngineCore:
         if self.evicted_reads is not None and self.evicted_reads.pending():
             self._finish_lora_reads()
         out = self.scheduler.schedule()
+        self._empty_step = not out.chunks
         try:
             began = time.perf_counter()
             result = self.runner.execute(out)
@@ -237,6 +239,11 @@ class EngineCore:
                 raise
             failed = self.scheduler.fail_step(out)
             raise RequestsFailed(failed, f"the step failed: {type(e).__name__}: {e}") from e
+
+    def waits_only_on_reads(self) -> bool:
+        """The last step scheduled nothing while evicted adapters are read: the engine server may sleep until
+        a read ends (the reader wakes it) or a message comes, instead of spinning on empty steps."""
+        return self._empty_step and self.evicted_reads is not None and self.evicted_reads.pending()
 
     def _finish_lora_reads(self) -> None:
         """Evicted adapters read again become eligible; a failed read fails only the requests waiting on it."""

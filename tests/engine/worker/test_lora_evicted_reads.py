@@ -154,3 +154,23 @@ def test_an_evicted_adapter_changed_on_disk_fails_its_requests_only(
         _step(core, tokens)
     want = make_llm(copies["b"][1], blocks=96).generate(prompt, GREEDY, detokenize=False)[0].token_ids
     assert tokens["b1"] == want
+
+
+def test_the_core_says_when_its_only_work_waits_on_a_read(
+        tiny_model: Path, adapters: dict[str, tuple[Path, Path]]) -> None:
+    """The engine server polls instead of spinning while waits_only_on_reads (test_server_lora.py)."""
+    llm = _engine(tiny_model, adapters)
+    core = llm.core
+    held = HeldReads(core)
+    tokens: dict[str, list[int]] = defaultdict(list)
+    prompt = random_prompts([6], 512, seed=9)[0]
+    core.add_request(Request("a1", prompt, GREEDY, arrival_time=0.0, lora_name="a"))  # "a" is evicted
+    _step(core, tokens)
+    assert core.waits_only_on_reads()  # an empty step, a read pending
+    core.add_request(Request("base", prompt, GREEDY, arrival_time=0.0))
+    _step(core, tokens)
+    assert not core.waits_only_on_reads() and tokens["base"]  # a base request runs meanwhile
+    held.gate.set()
+    while core.has_unfinished():
+        _step(core, tokens)
+    assert not core.waits_only_on_reads() and len(tokens["a1"]) == GREEDY.max_tokens
