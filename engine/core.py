@@ -134,9 +134,9 @@ class EngineCore:
         """--enable-lora: the adapters served on the base model; None: requests may not name one."""
         self.runner.loras = self.loras
         self.lora_reader = LoraReader()
-        self._empty_step = False
         """The one thread reading adapter folders off the loop: admin loads (engine/serving/lora_calls.py) and
         evicted adapters a request names (`evicted_reads`)."""
+        self._empty_step = False  # the last step scheduled nothing (waits_only_on_reads)
         self.evicted_reads = EvictedReads(self.loras, self.lora_reader) if self.loras is not None else None
         self.lora_warmups: list[LoraWarmup] = []
         """The LoRA kernel launches compiled at start-up (--enable-lora on CUDA only: the Triton path)."""
