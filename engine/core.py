@@ -30,11 +30,13 @@ from engine.scheduling.scheduler import Scheduler, SchedulerStats
 from engine.serving.step_stats import CoreCounts
 from engine.step_failures import RequestsFailed, is_fatal
 from engine.worker.decode_graphs import DecodeGraphs, bucket_sizes
-from engine.worker.kernel_warmup import warm_up_triton
+from engine.worker.kernel_warmup import warm_up_lora, warm_up_triton
 from engine.worker.kv_cache import CacheLayout, KVCache
 from engine.worker.lora.adapter import LoraAdapter, load_adapter
 from engine.worker.lora.errors import LoraError, LoraNotFound
+from engine.worker.lora.evicted_reads import EvictedReads
 from engine.worker.lora.figures import lora_figures
+from engine.worker.lora.reader import LoraReader
 from engine.worker.lora.registry import LoraRegistry
 from engine.worker.model_loader import DTYPES, load_model
 from engine.worker.model_runner import ModelRunner
@@ -46,6 +48,7 @@ from engine.worker.structured_outputs import StructuredOutputs
 from pageserve_kernels.attention_launch import KernelVariant
 
 if TYPE_CHECKING:
+    from engine.worker.lora.warmup import LoraWarmup
     from engine.worker.parallel.leader import TensorParallelLeader
 from pageserve_kernels.dispatch import select_backend
 from shared.model_info import AdapterInfo, ModelInfo, SamplingDefault
@@ -108,9 +111,7 @@ class EngineCore:
             self.runner.fast_forward = graphs
         elif backend.name == "torch" and not config.enforce_eager:
             self.runner.fast_forward = NativeLayers.build(loaded.model, self.kv_cache.layers, self.runner.attention)
-        self.loras = self._lora_registry(config, loaded.shape, dtype)
-        """--enable-lora: the adapters served on the base model; None: requests may not name one."""
-        self.runner.loras = self.loras
+        self._set_up_lora(config, loaded.shape, dtype, min(config.scheduler.max_num_batched_tokens, max_model_len))
         defaults = resolve_sampling_defaults(loaded.path, loaded.name, config.default_sampling)
         self.model_info = ModelInfo(
             model_name=loaded.name,
@@ -128,6 +129,22 @@ class EngineCore:
         self.dtype: str = loaded.dtype
         """The dtype it runs in ("auto" resolved)."""
 
+    def _set_up_lora(self, config: EngineConfig, spec: ModelSpec, dtype: torch.dtype, max_step_tokens: int) -> None:
+        self.loras = self._lora_registry(config, spec, dtype)
+        """--enable-lora: the adapters served on the base model; None: requests may not name one."""
+        self.runner.loras = self.loras
+        self.lora_reader = LoraReader()
+        """The one thread reading adapter folders off the loop: admin loads (engine/serving/lora_calls.py) and
+        evicted adapters a request names (`evicted_reads`)."""
+        self._empty_step = False  # the last step scheduled nothing (waits_only_on_reads)
+        self.evicted_reads = EvictedReads(self.loras, self.lora_reader) if self.loras is not None else None
+        self.lora_warmups: list[LoraWarmup] = []
+        """The LoRA kernel launches compiled at start-up (--enable-lora on CUDA only: the Triton path)."""
+        device = self.kv_cache.device_pool.device
+        if self.loras is not None and device.type == "cuda":
+            self.lora_warmups = warm_up_lora(spec, dtype, device, config.lora, max_step_tokens,
+                                             config.scheduler.max_num_seqs)
+
     @staticmethod
     def _lora_registry(config: EngineConfig, spec: ModelSpec, dtype: torch.dtype) -> LoraRegistry | None:
         lora = config.lora
@@ -139,6 +156,7 @@ class EngineCore:
             lora.max_cpu_loras)
         for name, path in lora.modules:
             registry.load(name, path)
+            registry.sweep(())  # no request yet: past --max-cpu-loras, only the folder is kept
         return registry
 
     def load_lora(self, name: str, path: str) -> None:
@@ -160,6 +178,7 @@ class EngineCore:
         """On the step loop: the adapter serves new requests as `name` from now on (a reload retires the old load)."""
         assert self.loras is not None
         self.loras.install(name, path, adapter, seconds)
+        self.loras.sweep(r.lora_id for r in self.scheduler.placement().live)  # --max-cpu-loras at once
         self._refresh_adapters()
 
     def unload_lora(self, name: str) -> None:
@@ -175,7 +194,9 @@ class EngineCore:
             AdapterInfo(name, self.model_info.model_name) for name in names))
 
     def close(self) -> None:
-        """Stop the tensor-parallel workers (also done at exit); nothing to do at size 1."""
+        """Stop the tensor-parallel workers (also done at exit) and the adapter reader."""
+        if getattr(self, "lora_reader", None) is not None:
+            self.lora_reader.close()
         if self.parallel is not None:
             self.parallel.close()
 
@@ -190,14 +211,21 @@ class EngineCore:
                 raise LoraNotFound(f"the model {request.lora_name!r} does not exist")
             request.lora_id = self.loras.resolve(request.lora_name)
         self.scheduler.add_request(request)
+        if request.lora_id and self.evicted_reads is not None and \
+                self.evicted_reads.wait(request.lora_id, request.request_id):
+            self.scheduler.loras.hold(request.lora_id)  # passed over, never blocking, until its weights are read
 
     def abort_requests(self, request_ids: Iterable[str]) -> list[RequestDelta]:
         return self.scheduler.abort_requests(list(request_ids))
 
     def step(self) -> list[RequestDelta]:
         """One step; raises RequestsFailed (the step's requests aborted, the engine fine) when the
-        forward, sampling or stop checks failed for reasons of those requests (engine/step_failures.py)."""
+        forward, sampling or stop checks failed for reasons of those requests (engine/step_failures.py),
+        or an evicted adapter they waited for could not be read again."""
+        if self.evicted_reads is not None and self.evicted_reads.pending():
+            self._finish_lora_reads()
         out = self.scheduler.schedule()
+        self._empty_step = not out.chunks
         try:
             began = time.perf_counter()
             result = self.runner.execute(out)
@@ -211,6 +239,22 @@ class EngineCore:
                 raise
             failed = self.scheduler.fail_step(out)
             raise RequestsFailed(failed, f"the step failed: {type(e).__name__}: {e}") from e
+
+    def waits_only_on_reads(self) -> bool:
+        """The last step scheduled nothing while evicted adapters are read: the engine server may sleep until
+        a read ends (the reader wakes it) or a message comes, instead of spinning on empty steps."""
+        return self._empty_step and self.evicted_reads is not None and self.evicted_reads.pending()
+
+    def _finish_lora_reads(self) -> None:
+        """Evicted adapters read again become eligible; a failed read fails only the requests waiting on it."""
+        assert self.evicted_reads is not None
+        ready, failed = self.evicted_reads.finished()
+        for load_id in ready + [f.load_id for f in failed]:
+            self.scheduler.loras.release(load_id)
+        if failed:
+            ids = [rid for f in failed for rid in f.request_ids]
+            self.scheduler.abort_requests(ids)
+            raise RequestsFailed(ids, "; ".join(f.message for f in failed))
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()

@@ -78,6 +78,15 @@ def _lora_shrink_kernel(
         tl.atomic_add(s_ptrs, acc, mask=ok)
 
 
+BLOCK_K = 64
+"""The shrink's K tile (its split count depends on it: shrink_split_k)."""
+
+
+def shrink_block_r(rank: int) -> int:
+    """Rows of A per program for a stacked rank (the slots' largest): 16 (tl.dot's least) to 64."""
+    return max(16, min(64, triton.next_power_of_2(rank)))
+
+
 def shrink_split_k(max_rows: int, groups: int, k: int, block_k: int) -> int:
     """K splits for a launch of `groups` groups of up to `max_rows` rows: enough programs to keep a GPU's
     SMs reading A when the rows alone give a handful (decode), none when prompt rows already do. A power
@@ -119,8 +128,8 @@ def lora_shrink(
     groups = group_slot.shape[0]
     if groups == 0 or max_rows == 0 or rank == 0:
         return s
-    block_m, block_k = launch_block_m(max_rows), 64
-    block_r = max(16, min(64, triton.next_power_of_2(rank)))
+    block_m, block_k = launch_block_m(max_rows), BLOCK_K
+    block_r = shrink_block_r(rank)
     split_k = split_k or shrink_split_k(max_rows, groups, k, block_k)
     grid = (triton.cdiv(max_rows, block_m), triton.cdiv(rank, block_r) * split_k, groups)
     _lora_shrink_kernel[grid](

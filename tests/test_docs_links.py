@@ -141,3 +141,14 @@ def test_a_broken_link_or_anchor_is_reported(tmp_path: Path) -> None:
     assert [f.split(":")[0] for f in broken_links(tmp_path / "a.md")] == ["c.md", "b.md#not-a-heading"]
     assert broken_links(tmp_path / "b.md") == []  # the link inside the code block is not a link
     assert reachable_pages(tmp_path / "a.md") == {(tmp_path / "a.md").resolve(), (tmp_path / "b.md").resolve()}
+
+
+def test_docs_named_in_command_help_exist() -> None:
+    """A flag's help may point to a page (`docs/serving-models.md#lora-adapters`): the page and its heading exist."""
+    from ops.settings_table import tables
+
+    named = re.findall(r"\b(docs/[\w/.-]+\.md)(?:#([\w-]+))?", "\n".join(tables().values()))
+    assert named, "no help names a docs page (the pattern broke?)"
+    missing = [f"{path}#{fragment}" if fragment else path for path, fragment in named
+               if not (ROOT / path).is_file() or (fragment and fragment not in anchors(ROOT / path))]
+    assert missing == []

@@ -4,6 +4,10 @@
     admissible now:  a2, base3, b5 (their adapter runs, or none)      c1, c4: skipped, not blocking
     c1 skipped for lora_drain_s  ->  draining: a2 and b5 wait too, until a or b finishes and c joins
 
+A request whose adapter's weights are still being read from disk (evicted from the host cache,
+engine/worker/lora/evicted_reads.py) is passed over the same way until `release`, without
+starting the drain clock: a read is not the cap, and holding others back would not shorten it.
+
 Every running request gets a chunk each step, so bounding the running set's adapters bounds
 every step's. A request is refused only for its adapter; the scheduler then looks past it
 (FairQueue.peek's `eligible`), so tenants' fair share and priorities order everything else as
@@ -22,6 +26,7 @@ class LoraGate:
         self.max_loras, self.drain_s = max_loras, drain_s
         self._active: set[int] = set()
         self._skipped_since: dict[str, float] = {}  # request id -> when its adapter was first refused
+        self._held: set[int] = set()  # adapter ids whose weights are not resident yet
         self._now = 0.0
 
     def begin_step(self, running: Iterable[Request], now: float) -> None:
@@ -32,6 +37,8 @@ class LoraGate:
         """May `req` start (or resume) this step? Records refusals (the drain rule's clock)."""
         if not req.lora_id:
             return True
+        if req.lora_id in self._held:
+            return False
         if req.lora_id in self._active:
             return req.request_id in self._skipped_since or not self._draining()
         if len(self._active) < self.max_loras:
@@ -44,6 +51,13 @@ class LoraGate:
         self._skipped_since.pop(req.request_id, None)
         if req.lora_id:
             self._active.add(req.lora_id)
+
+    def hold(self, lora_id: int) -> None:
+        """Requests under `lora_id` may not start until `release`: its weights are not in memory yet."""
+        self._held.add(lora_id)
+
+    def release(self, lora_id: int) -> None:
+        self._held.discard(lora_id)
 
     def forget(self, req: Request) -> None:
         self._skipped_since.pop(req.request_id, None)

@@ -6,8 +6,9 @@
     UnloadAdapter ──> (loop) retire the name at once ──────────> ModelUpdate, AdapterReply
 
 Reading safetensors and laying tensors out takes tens of milliseconds per 50 MB: on the loop it would
-stall every running stream for that long, so it runs on one worker thread (loads complete in the
-order they were asked). The registry is touched only on the loop, so no request ever sees a
+stall every running stream for that long, so it runs on the core's one reader thread
+(engine/worker/lora/reader.py, which also re-reads evicted adapters; loads complete in the order
+they were asked). The registry is touched only on the loop, so no request ever sees a
 half-installed adapter. A bad adapter (rank over the limit, unknown target, shapes that do not fit,
 a missing file) is an AdapterReply with the LoraError's words and REQUEST_REJECTED; an unknown name
 to unload, MODEL_NOT_FOUND; the reader failing otherwise, REQUEST_FAILED (the engine goes on). A core without LoRA support refuses every call the same way.
@@ -18,12 +19,12 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from engine.worker.lora.errors import LoraError, LoraNotFound
+from engine.worker.lora.reader import LoraReader
 from shared.protocol import (
     MODEL_NOT_FOUND,
     REQUEST_FAILED,
@@ -39,6 +40,7 @@ log = logging.getLogger("pageserve.engine")
 class LoraCore(Protocol):
     """What the calls need of engine.core.EngineCore."""
 
+    lora_reader: LoraReader
     def reserve_lora(self, name: str) -> int: ...
     def read_lora(self, path: str, name: str, load_id: int) -> Any: ...
     def install_lora(self, name: str, path: str, adapter: Any, seconds: float) -> None: ...
@@ -62,8 +64,8 @@ class LoraCalls:
     def __init__(self, core: object, wake: Callable[[], None]) -> None:
         """`wake`: makes the loop's poll return (a finished read must not wait for the next message)."""
         self._core: LoraCore | None = core if hasattr(core, "reserve_lora") else None  # type: ignore[assignment]
-        self._wake = wake
-        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        if self._core is not None:
+            self._core.lora_reader.wake = wake  # every read the core's reader finishes wakes the loop
         self._pending: list[Pending] = []
 
     def load(self, gateway: bytes, call: LoadAdapter) -> AdapterReply | None:
@@ -74,18 +76,10 @@ class LoraCalls:
             load_id = self._core.reserve_lora(call.lora_name)
         except LoraError as e:
             return _refusal(call.call_id, e)
-        if self._pool is None:
-            self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="lora-load")
-        future = self._pool.submit(self._read, call, load_id)
-        future.add_done_callback(lambda _: self._wake())
+        core = self._core
+        future = core.lora_reader.submit(lambda: core.read_lora(call.lora_path, call.lora_name, load_id))
         self._pending.append(Pending(gateway, call, load_id, future))
         return None
-
-    def _read(self, call: LoadAdapter, load_id: int) -> tuple[Any, float]:
-        assert self._core is not None
-        began = time.perf_counter()
-        adapter = self._core.read_lora(call.lora_path, call.lora_name, load_id)
-        return adapter, time.perf_counter() - began
 
     def unload(self, call: UnloadAdapter) -> tuple[AdapterReply, bool]:
         """The reply, and whether the adapters changed."""
@@ -122,5 +116,5 @@ class LoraCalls:
         return AdapterReply(p.call.call_id, load_id=p.load_id), True
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._core is not None:
+            self._core.lora_reader.close()

@@ -93,13 +93,13 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     p.add_argument("--log-level", default="INFO", help="CRITICAL, ERROR, WARNING, INFO or DEBUG")
     add_announce_args(p)
     p.add_argument("--enable-lora", action="store_true",
-                   help="serve LoRA adapters on the base model: a request's model may name one (docs/lora.md)")
+                   help="a request's model may name a LoRA adapter (docs/serving-models.md#lora-adapters)")
     p.add_argument("--lora-modules", nargs="+", default=[], metavar="NAME=PATH",
                    help="adapters to load at start-up: PEFT folders (adapter_config.json, adapter_model.safetensors)")
     p.add_argument("--max-loras", type=int, default=4, help="distinct adapters in one step (base requests not counted)")
     p.add_argument("--max-lora-rank", type=int, default=64, help="the largest adapter rank accepted")
     p.add_argument("--max-cpu-loras", type=int, default=32,
-                   help="adapters whose weights stay in memory; others are read from their folder again on use")
+                   help="adapters whose weights stay in memory; others are read again, off the step loop, on use")
     p.add_argument("--default-sampling", default=None, metavar="JSON",
                    help="sampling defaults for fields a request leaves out, over the model's generation_config.json,"
                         " e.g. '{\"temperature\": 0.7, \"top_p\": 0.9}'")

@@ -79,6 +79,8 @@ __all__ = ["MAX_MESSAGE_BYTES", "CoreLike", "EngineServer", "ServerConfig"]
 
 DEADLINE_CHECK_S = 0.1
 """How often the in-flight table is scanned for requests past their deadline."""
+READ_WAIT_MS = 20
+"""The longest poll while the core's only work waits on adapter reads (a finished read wakes it sooner)."""
 
 
 class EngineServer:
@@ -101,6 +103,8 @@ class EngineServer:
         self._next_deadline_check = 0.0
         self.stats = StepStats()
         self._lora = LoraCalls(core, self._wake)
+        self._waits_on_reads: Callable[[], bool] = getattr(core, "waits_only_on_reads", lambda: False)
+        """EngineCore's: its last step was empty and evicted adapters are being read (engine/worker/lora/)."""
         self.on_model_update: Callable[[ModelInfo], None] | None = None
         """Told the new model facts when adapters load or unload (the Redis announcement, main.py)."""
 
@@ -154,8 +158,8 @@ class EngineServer:
         return not self._inflight or time.monotonic() >= self._stop_deadline
 
     def _wait_for_io(self) -> None:
-        if self.core.has_unfinished_requests():
-            timeout: int | None = 0  # work to do: only look, never wait
+        if self.core.has_unfinished_requests():  # work to do: only look, never wait; unless it all waits on
+            timeout: int | None = READ_WAIT_MS if self._waits_on_reads() else 0  # reads (no empty-step spin)
         elif self._stop_deadline is not None:
             timeout = math.ceil(max(0.0, self._stop_deadline - time.monotonic()) * 1000)
         else:

@@ -5,7 +5,10 @@
                   checked against the base model's shapes, a LoraError (a 400) naming the problem
     registry.py   adapter names -> loads (each load a new, never reused id: the prefix cache's key),
                   unload while requests still run, the --max-cpu-loras host cache
+    reader.py     the one thread reading adapter folders off the step loop (admin loads, evicted adapters)
+    evicted_reads.py  a request naming an evicted adapter waits while its folder is read again
     batch.py      one step's rows grouped by adapter; each projection adds x[rows] A^T B^T per group
+    warmup.py     on CUDA: every shrink/expand variant a step can launch, compiled at start-up
     device_weights.py  on CUDA: the active adapters stacked into weight slots and the step's rows as
                   one index list, for the Triton shrink/expand kernels (two launches per projection)
 

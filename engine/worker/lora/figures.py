@@ -27,7 +27,7 @@ def lora_figures(registry: LoraRegistry, max_loras: int, running: Iterable[HasAd
         "max_loras": max_loras,
         "lora_running": sorted({r.lora_name for r in running if r.lora_name}),
         "lora_waiting": sorted({r.lora_name for r in waiting if r.lora_name}),
-        "lora_loaded": len(registry.names()),
+        "lora_loaded": registry.num_loaded,  # O(1): a Stats answer never walks the registry
         "lora_resident": registry.num_resident,
         "lora_evictions": registry.evictions,
         "lora_load_buckets": registry.load_times.cumulative(),

@@ -1,14 +1,17 @@
 """Which adapters this engine serves, by name, and which load of each a request runs under.
 
     name ──> load id (a new one per load, never reused) ──> LoraAdapter weights, or only
-                                                           its folder while evicted
+                                                           its folder and stamp while evicted
 Requests resolve a name to a load id once, at admission, and keep it: unloading or reloading
 a name never changes what a running request computes. A retired load (unloaded, or replaced by
 a reload) keeps its weights until no live request holds it (`sweep`). Up to `max_cpu_loras`
 adapters keep their weights resident; beyond that the least recently used ones that no live
-request holds drop their weights and are read again from their folder on next use (only if
-the folder is unchanged: a changed file under the same load id would break the prefix cache's
-promise, so it must be reloaded under a new id). Knows nothing about scheduling or the model's layers.
+request holds drop their weights, and a registered load costs only its name, path and stamp.
+An evicted load is read again when a request names it, off the step loop (`reread`, run by
+engine/worker/lora/evicted_reads.py), and only if the folder is unchanged: a changed file under
+the same load id would break the prefix cache's promise, so it must be reloaded under a new id.
+Nothing here walks every registered adapter on a step: each call costs O(1) or O(resident).
+Knows nothing about scheduling or the model's layers.
 """
 
 from __future__ import annotations
@@ -116,23 +119,44 @@ class LoraRegistry:
         self._retired.add(load_id)
 
     def resolve(self, name: str) -> int:
-        """The current load id of `name` (LoraNotFound when none); its weights resident from now on."""
+        """The current load id of `name` (LoraNotFound when none). Reads nothing: an evicted load's weights
+        come back through `reread`, off the loop; a changed folder is a LoraError at once (a stat, no read)."""
         load_id = self._names.get(name)
         if load_id is None:
             raise LoraNotFound(f"the model {name!r} does not exist")
-        self.adapter(load_id)
+        if load_id not in self._resident:
+            self._check_unchanged(load_id)
         return load_id
 
+    def is_resident(self, load_id: int) -> bool:
+        return load_id in self._resident
+
     def adapter(self, load_id: int) -> LoraAdapter:
-        adapter = self._resident.get(load_id)
-        if adapter is not None:
-            self._resident.move_to_end(load_id)
-            return adapter
-        name, stamp = self._stamps[load_id]
-        if LoadStamp.of(stamp.path) != stamp:
-            raise LoraError(f"the files of adapter {name!r} changed on disk since it was loaded: load it again")
-        adapter = self._resident[load_id] = self._read(stamp.path, name, load_id)
+        """A resident load's weights (KeyError otherwise: the scheduler runs no row of an evicted load)."""
+        adapter = self._resident[load_id]
+        self._resident.move_to_end(load_id)
         return adapter
+
+    def reread(self, load_id: int) -> Callable[[], LoraAdapter]:
+        """What reads an evicted load's folder again: safe on another thread (it touches no registry state);
+        a LoraError when the files changed since the load, checked before and after the read."""
+        name, stamp = self._stamps[load_id]
+
+        def read() -> LoraAdapter:
+            _check_stamp(name, stamp)
+            adapter = self._loader(stamp.path, name, load_id)
+            _check_stamp(name, stamp)  # changed while it was read: the weights may be a mix
+            return adapter
+        return read
+
+    def reinstall(self, adapter: LoraAdapter, seconds: float) -> bool:
+        """On the loop: an evicted load's weights read again are resident (most recently used). False, and
+        nothing kept, when the load was forgotten meanwhile (retired and no longer held)."""
+        self.load_times.observe(seconds)
+        if adapter.load_id not in self._stamps:
+            return False
+        self._resident[adapter.load_id] = adapter
+        return True
 
     def sweep(self, live_ids: Iterable[int]) -> None:
         """Forget retired loads no live request holds; drop least recently used weights over the cap."""
@@ -158,8 +182,15 @@ class LoraRegistry:
     def num_resident(self) -> int:
         return len(self._resident)
 
-    def _read(self, path: str, name: str, load_id: int) -> LoraAdapter:
-        began = time.perf_counter()
-        adapter = self._loader(path, name, load_id)
-        self.load_times.observe(time.perf_counter() - began)
-        return adapter
+    @property
+    def num_loaded(self) -> int:
+        """Names that serve requests (O(1), unlike `names`)."""
+        return len(self._names)
+
+    def _check_unchanged(self, load_id: int) -> None:
+        _check_stamp(*self._stamps[load_id])
+
+
+def _check_stamp(name: str, stamp: LoadStamp) -> None:
+    if LoadStamp.of(stamp.path) != stamp:
+        raise LoraError(f"the files of adapter {name!r} changed on disk since it was loaded: load it again")

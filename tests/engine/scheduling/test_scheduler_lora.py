@@ -94,6 +94,27 @@ def test_the_gate_counts_only_adapters() -> None:
     assert not gate.admits(make_request(3, lora_id=2))
 
 
+def test_a_request_whose_adapter_is_being_read_waits_without_starting_a_drain() -> None:
+    """An evicted adapter's weights are read off the loop (engine/worker/lora/evicted_reads.py): its
+    request is passed over meanwhile, under the cap or not, and others (its adapter's peers included)
+    are not held back by a drain; once released it runs."""
+    clock = FakeClock()
+    sched, runner = make_scheduler(max_loras=2, lora_drain_s=0.5, clock=clock)
+    run = Run()
+    held = make_request(4, max_tokens=2, lora_name="b", lora_id=2)
+    sched.add_request(held)
+    sched.loras.hold(2)
+    for _ in range(5):
+        clock.now += 0.3  # past lora_drain_s: a drain, had the read started one, would stop "a" below
+        sched.add_request(other := make_request(4, max_tokens=2, lora_name="a", lora_id=1))
+        out = step(sched, runner, run)
+        ids = {c.request_id for c in out.chunks}
+        assert held.request_id not in ids and other.request_id in ids
+    sched.loras.release(2)
+    run_to_end(sched, runner, run)
+    assert (held.request_id, 0) in run.results
+
+
 def _adapter_beams(width: int, max_tokens: int) -> tuple[Request, Request]:
     """A long request and a beam group, both under adapter "a" (load 1)."""
     long_a = make_request(32, max_tokens=24, request_id="long", eos=None, lora_name="a", lora_id=1)

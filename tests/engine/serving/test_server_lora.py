@@ -18,6 +18,7 @@ import zmq
 
 from engine.serving.server import EngineServer, ServerConfig
 from engine.worker.lora.errors import LoraError
+from engine.worker.lora.reader import LoraReader
 from engine.worker.lora.registry import LoraRegistry
 from gateway.engine_client import EngineClient
 from shared.model_info import AdapterInfo, ModelInfo
@@ -49,9 +50,15 @@ class LoraCore(FakeCore):
         super().__init__()
         self.model_info = INFO
         self.registry = LoraRegistry(self._read, max_cpu_loras=4)  # type: ignore[arg-type]
+        self.lora_reader = LoraReader()
         self.read_gate = threading.Event()
         self.read_gate.set()
         self.read_threads: list[str] = []
+        self.only_reads = False
+        """What `waits_only_on_reads` answers (EngineCore: its last step was empty, a read is pending)."""
+
+    def waits_only_on_reads(self) -> bool:
+        return self.only_reads
 
     def _read(self, path: str, name: str, load_id: int) -> FakeAdapter:
         self.read_threads.append(threading.current_thread().name)
@@ -178,3 +185,22 @@ def test_the_gateways_client_waits_for_the_reply_and_follows_the_model_update(lo
     assert (reply.error, reply.load_id) == ("", 1)
     assert seen_by_admin == seen_by_other == (AdapterInfo("sql", "fake"),)
     assert (gone.code, gone.error) == (MODEL_NOT_FOUND, "the adapter 'nope' is not loaded")
+
+
+def test_the_loop_sleeps_while_its_only_work_waits_on_adapter_reads(lora_engine: Running, ctx: zmq.Context) -> None:
+    """A request waiting for its evicted adapter's read leaves empty steps: the loop polls (woken by the read
+    or a message, at most READ_WAIT_MS apart) rather than spinning on them, holding the GIL the reader needs."""
+    core: LoraCore = lora_engine.core  # type: ignore[assignment]
+    gw = RawGateway(ctx, lora_engine.server.address)
+    gw.send(add("r", max_tokens=5000))
+    assert isinstance(gw.recv(), StepOutputs)
+    core.only_reads = True
+    time.sleep(0.05)
+    before = lora_engine.server.stats.num_steps
+    time.sleep(0.3)
+    assert lora_engine.server.stats.num_steps - before <= 0.3 / 0.02 + 3, "the loop spun on empty steps"
+    core.only_reads = False
+    time.sleep(0.05)
+    before = lora_engine.server.stats.num_steps
+    time.sleep(0.1)
+    assert lora_engine.server.stats.num_steps - before > 30  # stepping at full pace again
