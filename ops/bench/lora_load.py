@@ -21,6 +21,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -82,7 +83,7 @@ def percentile(values: list[float], q: float) -> float:
     if not values:
         return 0.0
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered) + 0.5) - 1))]
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))]
 
 
 def itls_in(stamps: list[list[float]], t0: float, t1: float) -> list[float]:
