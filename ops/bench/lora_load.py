@@ -59,15 +59,28 @@ def write_adapters(folder: Path, spec: Any, rank: int, count: int) -> list[Path]
     return paths
 
 
+def fs_type(path: Path) -> str:
+    """The file system type of the mount holding `path` ("" when /proc/self/mounts is not there)."""
+    best, kind, where = "", "", str(path.resolve()) + "/"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/mounts").read_text().splitlines():
+            _, mount, fs, *_ = line.split()
+            if where.startswith(mount.rstrip("/") + "/") and len(mount) > len(best):
+                best, kind = mount, fs
+    return kind
+
+
 def evict(paths: list[Path], mode: str) -> str:
     """Drop the adapters' files from the page cache; the label of what was done (PAGE_CACHE's words)."""
+    if mode != "warm" and fs_type(paths[0]) in ("tmpfs", "ramfs"):
+        return "warm: the files are on tmpfs (memory), no disk read (--dir on a disk)"
     if mode == "drop":
         os.sync()
         try:
             Path("/proc/sys/vm/drop_caches").write_text("3\n")
         except OSError:
             mode = "fadvise"  # not root, or a read-only /proc in a container: per file does the same here
-    if mode == "fadvise":
+    if mode == "fadvise":  # for clean pages (write_adapters flushed them) as good as drop_caches
         for path in paths:
             for name in ("adapter_config.json", "adapter_model.safetensors"):
                 fd = os.open(path / name, os.O_RDONLY)
@@ -248,7 +261,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--output", type=int, default=2048, help="tokens per stream (must outlast both windows)")
     p.add_argument("--warmup-tokens", type=int, default=8, help="tokens every stream has before the windows")
     p.add_argument("--baseline-s", type=float, default=3.0, help="the window with no loads")
-    p.add_argument("--page-cache", choices=sorted(PAGE_CACHE), default="fadvise")
+    p.add_argument("--page-cache", choices=sorted(PAGE_CACHE), default="fadvise",
+                   help="how the files leave the page cache before the loads (warm: they stay)")
+    p.add_argument("--dir", default=None, help="where the adapters are written (default: the temp dir; not tmpfs)")
     p.add_argument("--threads", type=int, default=0, help="the engine's torch threads (0: its default)")
     p.add_argument("--engine", default=None, help="an engine already running with --enable-lora (not spawned)")
     p.add_argument("--engine-arg", action="append", default=[], help="one more word for `pageserve engine`")
@@ -263,11 +278,11 @@ def main(argv: list[str] | None = None) -> int:
 
     spec, _ = read_architecture(resolve_model(opts.model).config)
     rank = opts.rank or pick_rank(spec, opts.size_mb)
-    with tempfile.TemporaryDirectory(prefix="lora-load-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="lora-load-", dir=opts.dir) as tmp:
         warmup, *paths = write_adapters(Path(tmp), spec, rank, opts.loads + 1)
         size = (paths[0] / "adapter_model.safetensors").stat().st_size
         print(f"wrote {opts.loads + 1} adapters of {size / 1e6:.1f} MB (rank {rank}) in {tmp}", flush=True)
-        page_cache = evict([warmup, *paths], opts.page_cache) if opts.page_cache != "warm" else PAGE_CACHE["warm"]
+        page_cache = evict([warmup, *paths], opts.page_cache)
         logs = Path(tmp) / "engine.log"
         with contextlib.ExitStack() as stack:
             address, proc = (opts.engine, None) if opts.engine else stack.enter_context(spawned_engine(opts, rank, logs))
