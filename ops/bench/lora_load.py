@@ -249,6 +249,30 @@ async def run(address: str, proc: subprocess.Popen | None, warmup: Path, paths: 
         await client.close()
 
 
+def profile_one(path: Path, spec: Any, opts: argparse.Namespace, rank: int) -> str:
+    """cProfile of the engine's reader (load_adapter) on one more cold file, in this process, nothing else
+    running: where a load's time goes (the safetensors copy out of the file, the casts, the stacking)."""
+    import cProfile
+    import io
+    import pstats
+
+    import torch
+
+    from engine.worker.lora.adapter import load_adapter
+
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
+    profile = cProfile.Profile()
+    began = time.perf_counter()
+    profile.runcall(load_adapter, path, "profiled", spec, max_rank=max(64, rank), dtype=getattr(torch, opts.dtype),
+                    device="cpu", load_id=1)
+    took = time.perf_counter() - began
+    out = io.StringIO()
+    pstats.Stats(profile, stream=out).sort_stats("tottime").print_stats(10)
+    body = out.getvalue()
+    return f"one load in this process, alone, profiled: {took * 1000:.1f} ms\n" + body[body.find("   ncalls"):]
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m ops.bench.lora_load", description=__doc__.split("\n")[0])
     p.add_argument("--model", default="smollm2", help="a model name or folder (the engine's --model)")
@@ -267,6 +291,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=0, help="the engine's torch threads (0: its default)")
     p.add_argument("--engine", default=None, help="an engine already running with --enable-lora (not spawned)")
     p.add_argument("--engine-arg", action="append", default=[], help="one more word for `pageserve engine`")
+    p.add_argument("--profile", action="store_true", help="then profile one more cold load in this process")
     p.add_argument("--json", default=None)
     return p
 
@@ -279,10 +304,11 @@ def main(argv: list[str] | None = None) -> int:
     spec, _ = read_architecture(resolve_model(opts.model).config)
     rank = opts.rank or pick_rank(spec, opts.size_mb)
     with tempfile.TemporaryDirectory(prefix="lora-load-", dir=opts.dir) as tmp:
-        warmup, *paths = write_adapters(Path(tmp), spec, rank, opts.loads + 1)
+        warmup, *paths = write_adapters(Path(tmp), spec, rank, opts.loads + 1 + opts.profile)
         size = (paths[0] / "adapter_model.safetensors").stat().st_size
-        print(f"wrote {opts.loads + 1} adapters of {size / 1e6:.1f} MB (rank {rank}) in {tmp}", flush=True)
+        print(f"wrote {len(paths) + 1} adapters of {size / 1e6:.1f} MB (rank {rank}) in {tmp}", flush=True)
         page_cache = evict([warmup, *paths], opts.page_cache)
+        profiled = paths.pop() if opts.profile else None
         logs = Path(tmp) / "engine.log"
         with contextlib.ExitStack() as stack:
             address, proc = (opts.engine, None) if opts.engine else stack.enter_context(spawned_engine(opts, rank, logs))
@@ -292,9 +318,11 @@ def main(argv: list[str] | None = None) -> int:
                 if logs.exists():
                     sys.stderr.write(logs.read_text(errors="replace")[-4000:])
                 raise
+        profile = profile_one(profiled, spec, opts, rank) if profiled is not None else ""
     report = {"model": opts.model, "dtype": opts.dtype, "streams": opts.streams, "rank": rank,
               "file_mb": size / 1e6, "page_cache": page_cache, **report}
     print_report(report)
+    print(profile, end="")
     if opts.json:
         Path(opts.json).write_text(json.dumps({"args": vars(opts), **report}, indent=1))
     return 0
