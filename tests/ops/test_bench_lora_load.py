@@ -43,7 +43,7 @@ def test_two_cold_loads_give_the_full_report(lora_engine: str, tiny_model: Path,
                  "--loads", "2", "--streams", "2", "--output", "900", "--baseline-s", "0.2",
                  "--json", str(out)]) == 0
     report = json.loads(out.read_text())
-    assert report["rank"] == 4 and report["loads"] == 2 and report["file_mb"] > 0
+    assert report["rank"] == 4 and report["loads"] == 2 and report["file_mb"] > 0 and report["disk_read_ms"] > 0
     assert report["page_cache"].startswith(("cold", "warm"))
     assert len(report["load_ms"]["all"]) == 2 and all(ms > 0 for ms in report["load_ms"]["all"])
     assert 0 < report["load_ms"]["median"] <= report["load_ms"]["p90"] <= report["load_ms"]["max"]
