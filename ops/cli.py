@@ -16,7 +16,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "gateway": ("gateway.server", "run the OpenAI-compatible HTTP gateway"),
     "up": ("ops.launcher", "start redis, engine and gateway locally and print a demo key"),
     "admin": ("ops.admin", "manage tenants, keys, quotas and usage in Redis"),
-    "bench": ("ops.bench", "benchmarks: offline, serve, memory, priority, admission, streaming, soak, replicas, sampler, agreement, step-overhead, make-model"),
+    "bench": ("ops.bench", "benchmarks: offline, serve, memory, priority, admission, streaming, soak, replicas, sampler, agreement, step-overhead, make-model, lora-load"),
     "generate": ("ops.generate", "offline generation from the command line"),
     "curve-keys": ("shared.curve", "write ZeroMQ CURVE key files for the engine socket"),
 }

@@ -9,6 +9,7 @@
     memory.py         KV waste and requests that fit in a budget: paged vs contiguous
     priority.py, admission.py, streaming.py, step_profile.py   scheduling, quota, SSE and step-time benchmarks
     step_overhead.py  a decode step's Python and torch glue, kernels excluded (issue 13's 3 ms target)
+    lora_load.py      issue 43's cold-load must-show: adapter load latency and running streams' ITL
     make_model.py     `make-model SHAPE OUT`: random bfloat16 weights in a real checkpoint's shape
                       (model_shapes.py: the Hub configs) with SmolLM2's tokenizer, for --model FOLDER
 """
@@ -31,6 +32,7 @@ BENCHMARKS = {
     "agreement": "ops.bench.agreement",
     "step-overhead": "ops.bench.step_overhead",
     "make-model": "ops.bench.make_model",
+    "lora-load": "ops.bench.lora_load",
 }
 
 

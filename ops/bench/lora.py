@@ -28,12 +28,17 @@ TARGETS = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", 
            "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
 
 
-def random_adapter(folder: Path, spec, rank: int, seed: int) -> Path:  # type: ignore[no-untyped-def]
-    """A PEFT folder with random A and B (B non-zero) for every layer and target of `spec`."""
+def target_shapes(spec) -> dict[str, tuple[int, int]]:  # type: ignore[no-untyped-def]
+    """(in, out) of each of the seven target projections of `spec` (a ModelSpec)."""
     h, q, kv, inter = spec.hidden_size, spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim, \
         spec.intermediate_size
-    shapes = {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h), "gate_proj": (h, inter),
-              "up_proj": (h, inter), "down_proj": (inter, h)}
+    return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h), "gate_proj": (h, inter),
+            "up_proj": (h, inter), "down_proj": (inter, h)}
+
+
+def random_adapter(folder: Path, spec, rank: int, seed: int) -> Path:  # type: ignore[no-untyped-def]
+    """A PEFT folder with random float32 A and B (B non-zero) for every layer and target of `spec`."""
+    shapes = target_shapes(spec)
     g = torch.Generator().manual_seed(seed)
     tensors = {}
     for layer in range(spec.num_layers):
