@@ -5,7 +5,9 @@
                   checked against the base model's shapes, a LoraError (a 400) naming the problem
     registry.py   adapter names -> loads (each load a new, never reused id: the prefix cache's key),
                   unload while requests still run, the --max-cpu-loras host cache
-    batch.py      one step's rows grouped by adapter; each projection adds x[rows] A^T B^T per group
+    batch.py      one step's rows grouped by adapter; each projection adds x[rows] A^T B^T per group: one
+                  C kernel call for all groups on the CPU (pageserve_kernels/cpu_lora.py; the same call the
+                  C++ layer loop makes, so adapter steps stay on it), PyTorch's products elsewhere
 
 The scheduler sees only a request's adapter id (engine/scheduling/lora_gate.py); the layers see
 only a LoraBatch. A step without adapter rows builds no LoraBatch and pays nothing.
