@@ -39,8 +39,13 @@ static void shrink_tile(const uint16_t *x[4], const uint16_t *a[4], int64_t K, u
         for (int i = 0; i < 4; i++)
             for (int j = 0; j < 4; j++) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xv[i], av[j]);
     }
+    float sums[4][4]; /* every accumulator read at a constant index: GCC keeps them in registers only then */
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++)
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) sums[i][j] = _mm512_reduce_add_ps(acc[i][j]);
     for (int64_t i = 0; i < rows; i++)
-        for (int64_t j = 0; j < cols; j++) s[i * lds + j] = round_bf16(_mm512_reduce_add_ps(acc[i][j]));
+        for (int64_t j = 0; j < cols; j++) s[i * lds + j] = round_bf16(sums[i][j]);
 }
 
 /* One group's shrink columns j0..j0+3, every row of the group. */
@@ -65,25 +70,37 @@ static inline __m512bh pair(const uint16_t *v, int64_t k, int64_t r) {
     return (__m512bh)_mm512_set1_epi32(both);
 }
 
-/* out[rows[i], c0 : c0 + ncols] += s[i, r0 : r0 + r] . panel, for every row of the group. */
+/* out[rows[i], c0 : c0 + ncols] += s[i, r0 : r0 + r] . panel, for every row of the group: 4 rows at a time,
+   eight independent sums (one chain of r/2 dot products each would wait on its own latency). */
 static void expand(uint16_t *out, int64_t ldo, const int64_t *rows, int64_t n, const uint16_t *s, int64_t lds,
                    int64_t r0, int64_t r, const uint16_t *panel, int64_t c0, int64_t ncols) {
     const __mmask16 m0 = ncols >= 16 ? 0xffff : (__mmask16)((1u << ncols) - 1);
     const __mmask16 m1 = ncols >= 32 ? 0xffff : ncols <= 16 ? 0 : (__mmask16)((1u << (ncols - 16)) - 1);
     const int64_t pairs = (r + 1) / 2;
-    for (int64_t i = 0; i < n; i++) {
-        const uint16_t *si = s + i * lds + r0;
-        __m512 c0v = _mm512_setzero_ps(), c1v = _mm512_setzero_ps();
+    for (int64_t i0 = 0; i0 < n; i0 += 4) {
+        const int64_t m = n - i0 < 4 ? n - i0 : 4;
+        const uint16_t *si[4];
+        for (int i = 0; i < 4; i++) si[i] = s + (i0 + (i < m ? i : m - 1)) * lds + r0;
+        __m512 acc[4][2];
+        for (int i = 0; i < 4; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
         for (int64_t k = 0; k < pairs; k++) {
-            const __m512bh v = pair(si, k, r);
-            c0v = _mm512_dpbf16_ps(c0v, v, (__m512bh)_mm512_load_si512(panel + k * 64));
-            c1v = _mm512_dpbf16_ps(c1v, v, (__m512bh)_mm512_load_si512(panel + k * 64 + 32));
+            const __m512bh b0 = (__m512bh)_mm512_load_si512(panel + k * 64);
+            const __m512bh b1 = (__m512bh)_mm512_load_si512(panel + k * 64 + 32);
+            for (int i = 0; i < 4; i++) {
+                const __m512bh v = pair(si[i], k, r);
+                acc[i][0] = _mm512_dpbf16_ps(acc[i][0], v, b0);
+                acc[i][1] = _mm512_dpbf16_ps(acc[i][1], v, b1);
+            }
         }
-        uint16_t *o = out + rows[i] * ldo + c0;
-        c0v = _mm512_add_ps(c0v, bf16_to_f32(_mm256_maskz_loadu_epi16(m0, o)));
-        c1v = _mm512_add_ps(c1v, bf16_to_f32(_mm256_maskz_loadu_epi16(m1, o + 16)));
-        _mm256_mask_storeu_epi16(o, m0, (__m256i)_mm512_cvtneps_pbh(c0v));
-        _mm256_mask_storeu_epi16(o + 16, m1, (__m256i)_mm512_cvtneps_pbh(c1v));
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) { /* constant indices: the sums stay in registers */
+            if (i >= m) break;
+            uint16_t *o = out + rows[i0 + i] * ldo + c0;
+            const __m512 lo = _mm512_add_ps(acc[i][0], bf16_to_f32(_mm256_maskz_loadu_epi16(m0, o)));
+            const __m512 hi = _mm512_add_ps(acc[i][1], bf16_to_f32(_mm256_maskz_loadu_epi16(m1, o + 16)));
+            _mm256_mask_storeu_epi16(o, m0, (__m256i)_mm512_cvtneps_pbh(lo));
+            _mm256_mask_storeu_epi16(o + 16, m1, (__m256i)_mm512_cvtneps_pbh(hi));
+        }
     }
 }
 

@@ -36,8 +36,13 @@ static void shrink_tile(const float *x[4], const float *a[4], int64_t K, float *
             for (int i = 0; i < 4; i++) acc[i][j] = _mm256_fmadd_ps(xv[i], av, acc[i][j]);
         }
     }
+    float sums[4][4]; /* every accumulator read at a constant index: GCC keeps them in registers only then */
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++)
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) sums[i][j] = sum8(acc[i][j]);
     for (int64_t i = 0; i < rows; i++)
-        for (int64_t j = 0; j < cols; j++) s[i * lds + j] = sum8(acc[i][j]);
+        for (int64_t j = 0; j < cols; j++) s[i * lds + j] = sums[i][j];
 }
 
 /* One group's shrink columns j0..j0+3, every row of the group. */
@@ -54,21 +59,34 @@ static void shrink(const float *x, int64_t ldx, int64_t K, const int64_t *rows, 
     }
 }
 
-/* out[rows[i], c0 : c0 + ncols] += s[i, r0 : r0 + r] . panel (r rows of 16), for every row of the group. */
+/* out[rows[i], c0 : c0 + ncols] += s[i, r0 : r0 + r] . panel (r rows of 16), for every row of the group:
+   4 rows at a time, eight independent FMA chains (one chain of r would wait on its own latency). */
 static void expand(float *out, int64_t ldo, const int64_t *rows, int64_t n, const float *s, int64_t lds, int64_t r0,
                    int64_t r, const float *panel, int64_t c0, int64_t ncols) {
-    for (int64_t i = 0; i < n; i++) {
-        const float *si = s + i * lds + r0;
-        __m256 c0v = _mm256_setzero_ps(), c1v = _mm256_setzero_ps();
+    for (int64_t i0 = 0; i0 < n; i0 += 4) {
+        const int64_t m = n - i0 < 4 ? n - i0 : 4;
+        const float *si[4];
+        for (int i = 0; i < 4; i++) si[i] = s + (i0 + (i < m ? i : m - 1)) * lds + r0;
+        __m256 acc[4][2];
+        for (int i = 0; i < 4; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
         for (int64_t k = 0; k < r; k++) {
-            const __m256 v = _mm256_broadcast_ss(si + k);
-            c0v = _mm256_fmadd_ps(v, _mm256_load_ps(panel + k * 16), c0v);
-            c1v = _mm256_fmadd_ps(v, _mm256_load_ps(panel + k * 16 + 8), c1v);
+            const __m256 b0 = _mm256_load_ps(panel + k * 16), b1 = _mm256_load_ps(panel + k * 16 + 8);
+            for (int i = 0; i < 4; i++) {
+                const __m256 v = _mm256_broadcast_ss(si[i] + k);
+                acc[i][0] = _mm256_fmadd_ps(v, b0, acc[i][0]);
+                acc[i][1] = _mm256_fmadd_ps(v, b1, acc[i][1]);
+            }
         }
-        float *o = out + rows[i] * ldo + c0, sums[16];
-        _mm256_storeu_ps(sums, c0v);
-        _mm256_storeu_ps(sums + 8, c1v);
-        for (int64_t c = 0; c < ncols; c++) o[c] += sums[c];
+        float sums[4][16]; /* every accumulator read at a constant index: GCC keeps them in registers only then */
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) {
+            _mm256_storeu_ps(sums[i], acc[i][0]);
+            _mm256_storeu_ps(sums[i] + 8, acc[i][1]);
+        }
+        for (int64_t i = 0; i < m; i++) {
+            float *o = out + rows[i0 + i] * ldo + c0;
+            for (int64_t c = 0; c < ncols; c++) o[c] += sums[i][c];
+        }
     }
 }
 
