@@ -2,7 +2,7 @@
    dot products, float32 sums (bound by pageserve_kernels/cpu_lora.py, whose docstring explains the entry
    table and the layouts); compiled on hosts whose flags include avx512f, avx512bw and avx512_bf16.
 
-     shrink  s[i, 0:R] = x[rows[i]] . A^T           A (R, K) as stored: each s element one dot over k
+     shrink  s[i, 0:R] = x[rows[i]] . A^T           A in blocks of 4 rows: each s element one dot over k
      expand  out[rows[i], slice] += s[i, r0:r1] . B^T   B of each slice in 32-column panels of pairs
 
    s is rounded to bfloat16 once (the expand multiplies bfloat16 pairs); each out element gets its product
@@ -24,18 +24,19 @@ static inline uint16_t round_bf16(float f) {
     return (uint16_t)_mm_extract_epi16(_mm256_castsi256_si128((__m256i)_mm512_cvtneps_pbh(v)), 0);
 }
 
-/* s[i, j0 + j] for 4 rows x 4 rows of A (pointers past the group's or A's end repeat the last one; their
-   sums are not stored). K in steps of 32, the tail masked (zeros add nothing to a dot product). */
-static void shrink_tile(const uint16_t *x[4], const uint16_t *a[4], int64_t K, uint16_t *s, int64_t lds,
+/* s[i, j0 + j] for 4 rows x one block of 4 rows of A, packed (ceil(K/32), 4, 32): the block is read as one
+   stream. Rows past the group's end repeat its last row (their sums are not stored); x's last k are masked
+   (the packed A is zero past K and past R). */
+static void shrink_tile(const uint16_t *x[4], const uint16_t *a, int64_t K, uint16_t *s, int64_t lds,
                         int64_t rows, int64_t cols) {
     __m512 acc[4][4];
     for (int i = 0; i < 4; i++)
         for (int j = 0; j < 4; j++) acc[i][j] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < K; k += 32) {
+    for (int64_t k = 0; k < K; k += 32, a += 128) {
         const __mmask32 m = K - k >= 32 ? 0xffffffffu : (__mmask32)((1u << (K - k)) - 1);
         __m512bh xv[4], av[4];
         for (int i = 0; i < 4; i++) xv[i] = (__m512bh)_mm512_maskz_loadu_epi16(m, x[i] + k);
-        for (int j = 0; j < 4; j++) av[j] = (__m512bh)_mm512_maskz_loadu_epi16(m, a[j] + k);
+        for (int j = 0; j < 4; j++) av[j] = (__m512bh)_mm512_loadu_si512(a + j * 32);
         for (int i = 0; i < 4; i++)
             for (int j = 0; j < 4; j++) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xv[i], av[j]);
     }
@@ -48,12 +49,11 @@ static void shrink_tile(const uint16_t *x[4], const uint16_t *a[4], int64_t K, u
         for (int64_t j = 0; j < cols; j++) s[i * lds + j] = round_bf16(sums[i][j]);
 }
 
-/* One group's shrink columns j0..j0+3, every row of the group. */
+/* One group's shrink columns j0..j0+3 (A's block j0 / 4), every row of the group. */
 static void shrink(const uint16_t *x, int64_t ldx, int64_t K, const int64_t *rows, int64_t n, const uint16_t *A,
                    int64_t R, int64_t j0, uint16_t *s, int64_t lds) {
     const int64_t cols = R - j0 < 4 ? R - j0 : 4;
-    const uint16_t *a[4];
-    for (int j = 0; j < 4; j++) a[j] = A + (j0 + (j < cols ? j : cols - 1)) * K;
+    const uint16_t *a = A + (j0 / 4) * ((K + 31) / 32) * 128;
     for (int64_t i0 = 0; i0 < n; i0 += 4) {
         const int64_t m = n - i0 < 4 ? n - i0 : 4;
         const uint16_t *xr[4];

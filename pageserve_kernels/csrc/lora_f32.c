@@ -1,7 +1,7 @@
 /* LoRA's two products for every adapter group of a step, one projection per call, float32: AVX2 + FMA
    (bound by pageserve_kernels/cpu_lora.py, whose docstring explains the entry table and the layouts).
 
-     shrink  s[i, 0:R] = x[rows[i]] . A^T           A (R, K) as stored: each s element one dot over k
+     shrink  s[i, 0:R] = x[rows[i]] . A^T           A in blocks of 4 rows: each s element one dot over k
      expand  out[rows[i], slice] += s[i, r0:r1] . B^T   B of each slice in gemm_f32's 16-column panels
 
    Each out element gets its product sum (one FMA chain over r) plus its old value. Every element's sums
@@ -19,20 +19,21 @@ static inline float sum8(__m256 v) {
     return _mm_cvtss_f32(_mm_add_ss(two, _mm_shuffle_ps(two, two, 1)));
 }
 
-/* s[i, j0 + j] for 4 rows x 4 rows of A (pointers past the group's or A's end repeat the last one; their
-   sums are not stored). K in steps of 8, the tail masked (zeros add nothing to a dot product). */
-static void shrink_tile(const float *x[4], const float *a[4], int64_t K, float *s, int64_t lds, int64_t rows,
+/* s[i, j0 + j] for 4 rows x one block of 4 rows of A, packed (ceil(K/8), 4, 8): the block is read as one
+   stream. Rows past the group's end repeat its last row (their sums are not stored); x's last k are masked
+   (the packed A is zero past K and past R). */
+static void shrink_tile(const float *x[4], const float *a, int64_t K, float *s, int64_t lds, int64_t rows,
                         int64_t cols) {
     __m256 acc[4][4];
     for (int i = 0; i < 4; i++)
         for (int j = 0; j < 4; j++) acc[i][j] = _mm256_setzero_ps();
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    for (int64_t k = 0; k < K; k += 8) {
+    for (int64_t k = 0; k < K; k += 8, a += 32) {
         const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(K - k < 8 ? K - k : 8)), lane);
         __m256 xv[4];
         for (int i = 0; i < 4; i++) xv[i] = _mm256_maskload_ps(x[i] + k, m);
         for (int j = 0; j < 4; j++) {
-            const __m256 av = _mm256_maskload_ps(a[j] + k, m);
+            const __m256 av = _mm256_loadu_ps(a + j * 8);
             for (int i = 0; i < 4; i++) acc[i][j] = _mm256_fmadd_ps(xv[i], av, acc[i][j]);
         }
     }
@@ -45,12 +46,11 @@ static void shrink_tile(const float *x[4], const float *a[4], int64_t K, float *
         for (int64_t j = 0; j < cols; j++) s[i * lds + j] = sums[i][j];
 }
 
-/* One group's shrink columns j0..j0+3, every row of the group. */
+/* One group's shrink columns j0..j0+3 (A's block j0 / 4), every row of the group. */
 static void shrink(const float *x, int64_t ldx, int64_t K, const int64_t *rows, int64_t n, const float *A, int64_t R,
                    int64_t j0, float *s, int64_t lds) {
     const int64_t cols = R - j0 < 4 ? R - j0 : 4;
-    const float *a[4];
-    for (int j = 0; j < 4; j++) a[j] = A + (j0 + (j < cols ? j : cols - 1)) * K;
+    const float *a = A + (j0 / 4) * ((K + 7) / 8) * 32;
     for (int64_t i0 = 0; i0 < n; i0 += 4) {
         const int64_t m = n - i0 < 4 ? n - i0 : 4;
         const float *xr[4];

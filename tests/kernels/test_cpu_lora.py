@@ -32,7 +32,8 @@ def adapter(k: int, slices: list[tuple[int, int, int]], dtype: torch.dtype, seed
         b = torch.randn(end - start, r, generator=g).to(dtype)
         built.append(LoraSlice(start, end, r0, r0 + r, b, cpu_lora.pack_b(b)))
         r0 += r
-    layers = ({projection: ProjectionLora(torch.cat(parts).to(dtype).contiguous(), tuple(built))},)
+    a = torch.cat(parts).to(dtype).contiguous()
+    layers = ({projection: ProjectionLora(a, tuple(built), cpu_lora.pack_a(a))},)
     return LoraAdapter(f"a{seed}", "", seed + 1, max(r for *_, r in slices), layers, kernel_table(layers))
 
 
@@ -113,7 +114,7 @@ def test_a_projection_the_adapter_leaves_alone_is_untouched(dtype: torch.dtype) 
 def test_a_step_runs_the_reference_where_an_adapter_has_no_table() -> None:
     """Adapters loaded where the kernel does not run (no table): the batch keeps PyTorch's products."""
     a = adapter(32, [(0, 32, 4)], torch.float32, 1)
-    plain = LoraAdapter(a.name, a.path, a.load_id, a.rank, a.layers)
+    plain = LoraAdapter(a.name, a.path, a.load_id, a.rank, a.layers)  # its layers keep packed forms: no matter
     batch = build_lora_batch([2], [1], {1: plain}, CPU)
     assert batch is not None and batch.kernel is None and batch.table is None
 
@@ -124,7 +125,7 @@ def test_table_entries_name_the_tensors_the_adapter_keeps(dtype: torch.dtype) ->
     lora = a.layers[0]["qkv"]
     assert a.table is not None and a.table.shape == (1, len(cpu_lora.PROJECTIONS), cpu_lora.ENTRY)
     e = a.table[0, cpu_lora.PROJECTIONS.index("qkv")].tolist()
-    assert e[:5] == [0, 0, lora.a.data_ptr(), 8, 2]
+    assert e[:5] == [0, 0, lora.a_packed.data_ptr(), 8, 2]  # type: ignore[union-attr]
     assert e[5:15] == [0, 50, 0, 3, lora.slices[0].panels.data_ptr(), 50, 90, 3, 8,  # type: ignore[union-attr]
                        lora.slices[1].panels.data_ptr()]  # type: ignore[union-attr]
     assert not a.table[0, cpu_lora.PROJECTIONS.index("o")].any()

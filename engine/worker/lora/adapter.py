@@ -12,10 +12,12 @@ becomes a slice of the fused output:
     shrink: s = x A_stack^T          A_stack = [A_q; A_k; A_v]   (r_q + r_k + r_v, H): one product
     expand: out[:, q cols] += s[:, r_q cols] B_q^T, and so on per targeted slice
 
-On the CPU, where pageserve_kernels/cpu_lora.py's kernel for the dtype loads, each B is also prepacked
-here, once, into the panels the kernel's expand reads, and the adapter gets its entry table (the
-kernel's per layer and projection record of A, the ranks and the panels' addresses): a step only
-stacks its adapters' tables. Every shape is checked against the base model's; anything this engine cannot apply exactly
+On the CPU, where pageserve_kernels/cpu_lora.py's kernel for the dtype loads, each stacked A and each B
+is also prepacked here, once, into the blocks and panels the kernel reads (the plain tensors stay: they
+are PyTorch's reference), and the adapter gets its entry table (the kernel's per layer and projection
+record of those addresses and the ranks): a step only stacks its adapters' tables.
+
+Every shape is checked against the base model's; anything this engine cannot apply exactly
 (DoRA, trained biases, extra saved modules, ranks over --max-lora-rank, MoE experts) is a
 LoraError naming it, never a silently different model. Knows nothing about requests.
 """
@@ -57,6 +59,8 @@ class ProjectionLora:
     a: torch.Tensor
     """(sum of the slices' ranks, in): every targeted slice's lora_A, stacked."""
     slices: tuple[LoraSlice, ...]
+    a_packed: torch.Tensor | None = None
+    """a in pageserve_kernels/cpu_lora.py's shrink blocks (None where that kernel does not run)."""
 
 
 @dataclass(frozen=True)
@@ -79,8 +83,10 @@ class LoraAdapter:
 
     @property
     def nbytes(self) -> int:
-        return sum(p.a.nbytes + sum(s.b.nbytes + (0 if s.panels is None else s.panels.nbytes) for s in p.slices)
-                   for layer in self.layers for p in layer.values())
+        packed = [t for layer in self.layers for p in layer.values()
+                  for t in (p.a_packed, *(s.panels for s in p.slices)) if t is not None]
+        return sum(p.a.nbytes + sum(s.b.nbytes for s in p.slices) for layer in self.layers for p in layer.values()) \
+            + sum(t.nbytes for t in packed)
 
 
 TARGET_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "qkv_proj",
@@ -187,7 +193,7 @@ def _stack(folder: Path, targets: list[tuple[str, torch.Tensor, torch.Tensor]],
         slices.append(LoraSlice(start, end, r0, r0 + a.shape[0], b, cpu_lora.pack_b(b) if packed else None))
         r0 += a.shape[0]
     stacked = torch.cat([a for _, a, _ in targets]).to(dtype).to(device).contiguous()
-    return ProjectionLora(stacked, tuple(slices))
+    return ProjectionLora(stacked, tuple(slices), cpu_lora.pack_a(stacked) if packed else None)
 
 
 def kernel_table(layers: tuple[dict[str, ProjectionLora], ...]) -> torch.Tensor:
@@ -197,8 +203,9 @@ def kernel_table(layers: tuple[dict[str, ProjectionLora], ...]) -> torch.Tensor:
         for p, name in enumerate(cpu_lora.PROJECTIONS):
             lora = layer.get(name)
             if lora is not None:
-                table[i, p] = torch.tensor(cpu_lora.entry(lora.a, [(s.start, s.end, s.r0, s.r1, s.panels)
-                                                                   for s in lora.slices]))  # type: ignore[misc]
+                assert lora.a_packed is not None
+                table[i, p] = torch.tensor(cpu_lora.entry(lora.a_packed, lora.a.shape[0], [
+                    (s.start, s.end, s.r0, s.r1, s.panels) for s in lora.slices]))  # type: ignore[misc]
     return table
 
 
