@@ -8,6 +8,8 @@
                         (bfloat16 products on AMX tiles where the host has them: csrc/prefill_amx.h)
     cpu_gemm.py         C: products over prepacked weight panels, float32 (AVX2) and bfloat16 (AVX512-BF16, and
                         on AMX tiles over the same panels), candidates engine/worker/layers/linear.py times per row bucket
+    cpu_lora.py         C: LoRA's shrink and expand products for every adapter group of a step, float32 (AVX2)
+                        and bfloat16 (AVX512-BF16), one call per projection (Python layers and the C++ loop alike)
     cpu_fused.py        C: add + RMSNorm, SiLU-and-mul, rotary, argmax, KV row copies for the float32 CPU forward pass
     cpu_fused_bf16.py   C (omp simd, vectorised for the host): add + RMSNorm, SiLU-and-mul, rotary, exact logits
                         (the vocab product's near-maximum in float32) in bfloat16
@@ -18,7 +20,8 @@
     csrc/               the C sources of those kernels (package data; exp8_avx2.h, exp16_avx512.h, bf16_elem.h,
                         values_avx512.h (P . V tiles), attend_tiles.h (keys by slot, Q . K^T, online softmax) and
                         amx_tiles.h (AMX permission, tile configuration) shared; decode_vec.h, decode_avx512.h and
-                        shared_prefix.h the decode kernel's loops; prefill_amx.h the prompt kernel's AMX products),
+                        shared_prefix.h the decode kernel's loops; prefill_amx.h the prompt kernel's AMX products;
+                        lora_entry.h the LoRA kernels' entry table),
                         and llama_layers.cpp (a torch operator class that runs a Llama step's layers over those
                         kernels: engine/worker/native_layers.py)
     native_build.py     compiles and caches the C kernels; PAGESERVE_NATIVE_KERNELS=0 turns them off

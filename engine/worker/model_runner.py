@@ -21,7 +21,7 @@ from engine.outputs import RunnerOutput, ScheduledChunk, SchedulerOutput
 from engine.step_failures import EngineStateLost
 from engine.worker import host_allocator
 from engine.worker.decode_graphs import DecodeGraphs
-from engine.worker.input_batch import build_step_inputs, order_chunks
+from engine.worker.input_batch import StepInputs, build_step_inputs, order_chunks
 from engine.worker.kv_cache import CacheLayout, KVCache
 from engine.worker.layers.attention import KernelPagedAttention, PagedAttentionOp, TorchPagedAttention
 from engine.worker.logprobs import beam_candidates
@@ -101,8 +101,7 @@ class ModelRunner:
             chunks = order_chunks(out.chunks)
             inputs = build_step_inputs(chunks, self.block_size, self.device, self.attention)
             lora = self._lora_batch(chunks)
-            # A step with adapter rows runs the Python layers: the C++ loop and the graphs know no LoRA.
-            hidden = self.fast_forward.forward(inputs) if self.fast_forward is not None and lora is None else None
+            hidden = self._fast_forward(inputs, lora)
             if hidden is None:
                 hidden = self.model(inputs.input_ids, inputs.positions, self.kv_cache.layers, inputs.meta,
                                     self.attention, lora)
@@ -124,6 +123,15 @@ class ModelRunner:
         return RunnerOutput(dict(zip(ids, sampled.token_ids, strict=True)),
                             {ids[row]: lp for row, lp in sampled.logprobs.items()}, prompt,
                             {ids[row]: cands for row, cands in beams.items()})
+
+    def _fast_forward(self, inputs: StepInputs, lora: LoraBatch | None) -> torch.Tensor | None:
+        """The step's hidden states without the Python forward, or None. Adapter rows: only the C++ loop
+        (it applies the LoRA kernel after each product); the CUDA graphs know no LoRA."""
+        if self.fast_forward is None:
+            return None
+        if lora is None:
+            return self.fast_forward.forward(inputs)
+        return self.fast_forward.forward(inputs, lora) if isinstance(self.fast_forward, NativeLayers) else None
 
     def _lora_batch(self, chunks: list[ScheduledChunk]) -> LoraBatch | None:
         """The step's adapter rows by adapter; None (nothing to pay) when no chunk has an adapter."""

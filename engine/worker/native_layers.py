@@ -12,7 +12,9 @@ It runs every step whose decode rows the C kernel takes (pageserve_kernels/cpu_d
 op of the layer has a C kernel this host picked (pageserve_kernels/fused_choice.py); prompt chunks
 go to the C prefill kernel (pageserve_kernels/cpu_prefill.py) or, where PyTorch's attention won on
 this host (pageserve_kernels/prefill_choice.py) or the kernel is not built, to the same SDPA calls
-from C++. Other steps run the Python forward. It is the CPU's counterpart of engine/worker/decode_graphs.py (CUDA graphs),
+from C++. Steps with LoRA adapter rows run here too where the step's batch carries the LoRA kernel's
+entry table (engine/worker/lora/batch.py): after each product the loop adds every group's terms by the
+call the Python layers make. Other steps run the Python forward. It is the CPU's counterpart of engine/worker/decode_graphs.py (CUDA graphs),
 behind the same `forward(inputs) -> hidden | None`. Off with `enforce_eager`, or with
 PAGESERVE_KERNEL_CHOICE=llama_layers=python (=cpp, the default, where it applies); without a C++
 compiler it never loads.
@@ -28,6 +30,7 @@ import torch
 from engine.worker.input_batch import StepInputs
 from engine.worker.layers.attention import PagedAttentionOp, TorchPagedAttention
 from engine.worker.layers.linear import LinearPlan, layout_of
+from engine.worker.lora.batch import LoraBatch
 from engine.worker.models.decoder import DecoderModel
 from pageserve_kernels import (
     choice,
@@ -35,6 +38,7 @@ from pageserve_kernels import (
     cpu_fused,
     cpu_fused_bf16,
     cpu_gemm,
+    cpu_lora,
     cpu_prefill,
     fused_choice,
     torch_ops,
@@ -48,6 +52,7 @@ TIMED_KINDS = ("C norms", "C rotary", "KV cache write", "C decode attention", "C
                "linear", "prompt attention")  # llama_layers.cpp's `Kind` order, as bench step-overhead names them
 _NONE = torch.empty(0, dtype=torch.int64)
 _NO_TABLE = torch.empty(0, 0, dtype=torch.int64)
+_NO_LORA = torch.empty(0, 0, 0, 0, dtype=torch.int64)
 _NO_TIMINGS = torch.empty(0, dtype=torch.float64)
 
 
@@ -58,7 +63,7 @@ class NativeLayers:
         self.isa, self.dot_products = isa, dot_products
         s = model.shape
         self.eps, self.scale = s.rms_norm_eps, s.head_dim**-0.5
-        self.prompts_in_c = kernels[-1] != 0  # the prefill kernel, last (llama_layers.cpp's Kernels)
+        self.prompts_in_c = kernels[8] != 0  # the prefill kernel (llama_layers.cpp's Kernels)
         """Prompt chunks run the C prefill kernel (else PyTorch's attention, called from C++)."""
         self._layers: dict[tuple[str, ...], Any] = {}
         """llama_layers.cpp's `LlamaLayers` for each choice of products (row buckets sharing it share it)."""
@@ -85,14 +90,18 @@ class NativeLayers:
         isa = VARIANTS.index(decode.pick(model.dtype, s.num_heads, s.num_kv_heads, s.head_dim, block_size))
         dot_products = -1 if model.dtype == torch.float32 or prefill is None else int(prefill.dot_products)
         log.info("CPU steps run the layers in C++ (pageserve_kernels/csrc/llama_layers.cpp), prompt attention by %s",
-                 "the C kernel" if kernels[7] else "PyTorch's SDPA")
+                 "the C kernel" if kernels[8] else "PyTorch's SDPA")
         return cls(model, kv_layers, kernels, isa, dot_products)
 
-    def forward(self, inputs: StepInputs) -> torch.Tensor | None:
-        """The body's hidden states (T, H) float32, or None when this step's decodes were planned for PyTorch."""
+    def forward(self, inputs: StepInputs, lora: LoraBatch | None = None) -> torch.Tensor | None:
+        """The body's hidden states (T, H) float32, or None when this step's decodes were planned for PyTorch
+        or its adapter rows have no LoRA kernel (`lora`: the step's adapter groups, None without)."""
         plan, rows = inputs.meta.plan, inputs.input_ids.shape[0]
         if plan is None or rows == 0 or plan.decode_groups:
             return None
+        if lora is not None and (lora.table is None or not self.kernels[9]):
+            return None
+        adapters = (_NONE, _NO_LORA) if lora is None else (lora.rows, lora.table)
         nd, npf = plan.native_decode, plan.native_prefill
         h = self.model.embed_tokens(inputs.input_ids)  # (T, H)
         cos, sin_signed = self.model.rotary.lookup(inputs.positions)  # (T, 1, hd) each
@@ -100,7 +109,7 @@ class NativeLayers:
         prompts = (npf.starts, npf.lens, npf.context_lens, npf.block_tables) if npf else (_NONE,) * 3 + (_NO_TABLE,)
         timings = _NO_TIMINGS if self._timings is None else self._timings
         return self._layers_for(rows).run(h, cos, sin_signed, inputs.meta.slot_mapping, *decode, *prompts,  # type: ignore[no-any-return]
-                                          timings)
+                                          *adapters, timings)
 
     def time_kernels(self) -> None:
         """From now on, add up each kernel kind's seconds and calls inside the C++ loop (the benchmarks)."""
@@ -192,4 +201,6 @@ def _kernel_addresses(model: DecoderModel, prompts_in_c: bool) -> list[int] | No
                   0 if amx is None else amx.address()]
     prompts = prompts_in_c and prefill is not None and cpu_prefill.supports(dtype, s.head_dim)
     addresses.append(prefill.address(dtype) if prompts else 0)  # type: ignore[union-attr]
+    lora = cpu_lora.load(dtype)
+    addresses.append(0 if lora is None else lora.address())  # none: steps with adapter rows run in Python
     return None if 0 in addresses[:6] else addresses

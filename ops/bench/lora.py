@@ -1,9 +1,12 @@
 """LoRA throughput, one run: base requests on an engine with --enable-lora (the same code path as LoRA
 off: a step without adapter rows builds no LoRA batch; --with-disabled adds an engine without LoRA to
 show it), and `--adapters` distinct random adapters (rank `--rank` on all seven projections) mixed in
-the batch.
+the batch. `--registered N` registers N adapters in all (the rest idle, under other names, reading the
+first one's folder): they must cost nothing while no request names them. `--model` takes a short name or
+a model folder (`pageserve bench make-model` writes random weights in a real checkpoint's shape).
 
     python -m ops.bench.lora --model smollm2 --dtype bfloat16 --batch 16 --output 32
+    python -m ops.bench.lora --model /work/models/llama-3.2-1b --with-disabled --registered 100
 
 Prints one table (output tokens/s, best of `--repeat` interleaved runs, and the ratio to the base) and,
 with --json, writes it. Random PEFT folders are written with safetensors directly (no peft needed).
@@ -70,6 +73,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--adapters", type=int, default=4)
     p.add_argument("--rank", type=int, default=16)
     p.add_argument("--repeat", type=int, default=2)
+    p.add_argument("--registered", type=int, default=0,
+                   help="adapters registered in all (at least --adapters); the others idle, never requested")
     p.add_argument("--with-disabled", action="store_true", help="also time an engine without --enable-lora")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
@@ -81,12 +86,15 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         names = [f"lora{i}" for i in range(args.adapters)]
         modules = tuple((n, str(random_adapter(Path(tmp) / n, spec, args.rank, i))) for i, n in enumerate(names))
+        idle = tuple((f"idle{i}", modules[0][1]) for i in range(max(0, args.registered - args.adapters)))
         lora = LLM(args.model, args.dtype, max_model_len=512,
-                   lora=LoraConfig(enabled=True, modules=modules, max_loras=args.adapters, max_lora_rank=args.rank))
+                   lora=LoraConfig(enabled=True, modules=modules + idle, max_loras=args.adapters,
+                                   max_lora_rank=args.rank, max_cpu_loras=max(32, args.adapters)))
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, spec.vocab_size, (args.prompt,), generator=g).tolist() for _ in range(args.batch)]
     params = SamplingParams(temperature=0.0, max_tokens=args.output, ignore_eos=True)
-    runs = {"base, LoRA enabled": (lora, [""] * args.batch),
+    enabled = "base, LoRA enabled"
+    runs = {enabled: (lora, [""] * args.batch),
             f"{args.adapters} adapters mixed": (lora, [names[i % len(names)] for i in range(args.batch)])}
     if base is not None:
         runs = {"base, LoRA disabled": (base, [""] * args.batch), **runs}
@@ -96,8 +104,9 @@ def main(argv: list[str] | None = None) -> None:
     for _ in range(args.repeat):
         for name, (llm, loras) in runs.items():
             best[name] = max(best[name], timed(llm, prompts, params, loras))
-    ref = best["base, LoRA enabled"]
-    print(f"{args.model} {args.dtype}, batch {args.batch}, prompt {args.prompt}, output {args.output}, rank {args.rank}")
+    ref = best.get("base, LoRA disabled", best[enabled])
+    print(f"{args.model} {args.dtype}, batch {args.batch}, prompt {args.prompt}, output {args.output}, rank {args.rank}, "
+          f"{len(modules) + len(idle)} adapters registered")
     print(f"{'run':<24} {'tokens/s':>10} {'vs base':>8}")
     for name, tps in best.items():
         print(f"{name:<24} {tps:>10.1f} {tps / ref:>8.2f}")

@@ -13,7 +13,9 @@
    this row count (engine/worker/layers/linear.py): our panel GEMM, oneDNN's packed product, or
    at::linear. Decode rows go to the C kernel (paged_decode.c); prompt chunks to the C prefill kernel
    (prefill_attention.c) or, where PyTorch's attention won on this host (pageserve_kernels/prefill_choice.py),
-   to at::scaled_dot_product_attention as pageserve_kernels/cpu_attention.py calls it. Everything else
+   to at::scaled_dot_product_attention as pageserve_kernels/cpu_attention.py calls it. A step with LoRA
+   adapter rows adds each group's terms right after each product by the LoRA kernel (lora_f32.c /
+   lora_bf16.c), the call engine/worker/lora/batch.py makes from the Python layers. Everything else
    (which steps qualify, the choices) is decided in Python. */
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -39,6 +41,8 @@ using Gemm = void (*)(const void*, int64_t, const void*, const void*, void*, int
     const int64_t*, const int64_t*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float, int, int64_t, float
 using PrefillF32 = void (*)(PREFILL_ARGS);
 using PrefillBf16 = void (*)(PREFILL_ARGS, int);  // and whether to use AVX512-BF16 dot products
+using Lora = void (*)(const void*, int64_t, void*, int64_t, int64_t, const int64_t*, const int64_t*, int64_t, int64_t,
+                      int);
 
 /* The order of `kernels` (engine/worker/native_layers.py's `_kernel_addresses`). */
 struct Kernels {
@@ -51,7 +55,11 @@ struct Kernels {
     Gemm gemm;           // the model dtype's panel GEMM (gemm_f32 or gemm_bf16); null where it did not load
     Gemm gemm_amx;       // the bfloat16 one on AMX tiles over the same panels (gemm_bf16_amx); null: none here
     void* prefill;       // PrefillF32 or PrefillBf16 by the model's dtype; null: prompt chunks run PyTorch's SDPA
+    Lora lora;           // the dtype's LoRA kernel (lora_f32 or lora_bf16); null: adapter steps run in Python
 };
+
+constexpr int64_t LORA_ENTRY = 25;  // int64s per (group, layer, projection): pageserve_kernels/cpu_lora.py's ENTRY
+enum Projection { QKV, O, GATE_UP, DOWN, PROJECTIONS };
 
 constexpr size_t PER_LAYER = 11;  // tensors a layer passes (see `layer`)
 
@@ -122,7 +130,20 @@ struct Step {
     const at::Tensor &rows, &tables, &seq_lens;                  // decode rows (none: empty)
     const at::Tensor &starts, &lens, &context_lens, &chunk_tables;  // prompt chunks (none: empty)
     const at::Tensor &attn_out, &act;  // (T, n_q * hd), (T, I): every layer's, allocated once a step
+    const at::Tensor &lora_rows, &lora_table;  // adapter groups' rows (n,), entries (G, layers, PROJECTIONS, ENTRY)
 };
+
+/* out += each adapter group's LoRA term of x for one projection of layer `li` (none without adapter rows):
+   engine/worker/lora/batch.py's kernel call, on the same bytes. */
+void add_lora(const Step& s, int64_t li, Projection p, const at::Tensor& x, at::Tensor& out) {
+    if (s.lora_table.numel() == 0) return;
+    TORCH_CHECK(x.stride(1) == 1 && out.stride(1) == 1 && x.size(0) == out.size(0), "llama_layers: LoRA rows");
+    s.time(LINEAR, [&] {
+        s.k.lora(x.data_ptr(), x.stride(0), out.data_ptr(), out.stride(0), x.size(1), s.lora_rows.data_ptr<int64_t>(),
+                 s.lora_table.data_ptr<int64_t>() + (li * PROJECTIONS + p) * LORA_ENTRY, s.lora_table.size(0),
+                 s.lora_table.stride(0), s.threads);
+    });
+}
 
 /* Qwen3's per-head RMSNorm of q or k before rotary, written back into the QKV rows: what the Python layer
    calls (pageserve_kernels/fused_ops.py's rms_norm: the C kernel for float32 rows, fused_reference.py's
@@ -226,8 +247,9 @@ const at::Tensor& attend(const Step& s, at::Tensor& qkv, at::Tensor& key_cache, 
 
 /* One decoder layer; `w` its eleven tensors: input norm, QKV, O, post-attention norm, gate-up, down,
    K cache, V cache, QKV bias, q norm, k norm (the last three empty where the model has none).
-   h in the model dtype and residual float32 are overwritten, as in Python. */
-void layer(const Step& s, at::TensorList w, at::Tensor& h, at::Tensor& residual, bool first) {
+   h in the model dtype and residual float32 are overwritten, as in Python. `li`: the layer's index. */
+void layer(const Step& s, at::TensorList w, at::Tensor& h, at::Tensor& residual, int64_t li) {
+    const bool first = li == 0;
     const Dims& d = s.d;
     const int64_t t = h.size(0), hidden = h.size(1);
     if (first) {  // engine/worker/models/llama.py: residual = h.float(); h = norm(residual)
@@ -244,6 +266,7 @@ void layer(const Step& s, at::TensorList w, at::Tensor& h, at::Tensor& residual,
         });
     }
     auto qkv = s.time(LINEAR, [&] { return linear(s.k, d.impl[0], h, w[1], d.out[0], s.threads, w[8]); });
+    add_lora(s, li, QKV, h, qkv);
     if (w[9].numel()) s.time(NORM, [&] {
         norm_heads(s, qkv, 0, d.n_q, w[9]);
         norm_heads(s, qkv, d.n_q, d.n_kv, w[10]);
@@ -251,14 +274,29 @@ void layer(const Step& s, at::TensorList w, at::Tensor& h, at::Tensor& residual,
     at::Tensor key_cache = w[6], value_cache = w[7];
     const at::Tensor& o = attend(s, qkv, key_cache, value_cache);
     h = s.time(LINEAR, [&] { return linear(s.k, d.impl[1], o, w[2], d.out[1], s.threads); });
+    add_lora(s, li, O, o, h);
     s.time(NORM, [&] {
         s.k.add_rms_norm(h.data_ptr(), residual.data_ptr<float>(), w[3].data_ptr(), t, hidden, s.eps, s.threads);
     });
     auto gate_up = s.time(LINEAR, [&] { return linear(s.k, d.impl[2], h, w[4], d.out[2], s.threads); });
+    add_lora(s, li, GATE_UP, h, gate_up);
     s.time(SILU, [&] {
         s.k.silu_and_mul(gate_up.data_ptr(), gate_up.stride(0), s.act.data_ptr(), t, s.act.size(1), s.threads);
     });
-    h = s.time(LINEAR, [&] { return linear(s.k, d.impl[3], s.act, w[5], d.out[3], s.threads); });
+    at::Tensor down = s.time(LINEAR, [&] { return linear(s.k, d.impl[3], s.act, w[5], d.out[3], s.threads); });
+    add_lora(s, li, DOWN, s.act, down);
+    h = down;
+}
+
+void check_lora(const Step& s, int64_t num_layers) {
+    const at::Tensor &rows = s.lora_rows, &table = s.lora_table;
+    if (table.numel() == 0) return;
+    TORCH_CHECK(s.k.lora != nullptr, "llama_layers: adapter rows, but no LoRA kernel");
+    TORCH_CHECK(rows.scalar_type() == at::kLong && rows.is_contiguous() && table.scalar_type() == at::kLong &&
+                    table.is_contiguous() && table.dim() == 4 && table.size(1) == num_layers &&
+                    table.size(2) == PROJECTIONS && table.size(3) == LORA_ENTRY,
+                "llama_layers: LoRA rows (n,) and entries (G, layers, ", int64_t{PROJECTIONS}, ", ", LORA_ENTRY,
+                ") int64");
 }
 
 void check_step(const Step& s, const at::Tensor& h, const at::Tensor& timings) {
@@ -293,13 +331,13 @@ struct LlamaLayers : torch::CustomClassHolder {
     LlamaLayers(std::vector<at::Tensor> layers_, std::vector<int64_t> kernels, std::vector<int64_t> dims,
                 double eps_, double scale_)
         : layers(std::move(layers_)), eps(eps_), scale(scale_) {
-        TORCH_CHECK(kernels.size() == 9 && dims.size() == 13 && !layers.empty() && layers.size() % PER_LAYER == 0,
+        TORCH_CHECK(kernels.size() == 10 && dims.size() == 13 && !layers.empty() && layers.size() % PER_LAYER == 0,
                     "LlamaLayers: bad kernel, dimension or layer lists");
         k = Kernels{reinterpret_cast<RmsNorm>(kernels[0]), reinterpret_cast<AddRmsNorm>(kernels[1]),
                     reinterpret_cast<Rotary>(kernels[2]), reinterpret_cast<SiluAndMul>(kernels[3]),
                     reinterpret_cast<StoreKv>(kernels[4]), reinterpret_cast<PagedDecode>(kernels[5]),
                     reinterpret_cast<Gemm>(kernels[6]), reinterpret_cast<Gemm>(kernels[7]),
-                    reinterpret_cast<void*>(kernels[8])};
+                    reinterpret_cast<void*>(kernels[8]), reinterpret_cast<Lora>(kernels[9])};
         d = Dims{dims[0], dims[1], dims[2], dims[3], dims[4], {dims[5], dims[6], dims[7], dims[8]},
                  {dims[9], dims[10], dims[11], dims[12]}};
         for (size_t i = 6; i < layers.size(); i += PER_LAYER)
@@ -310,21 +348,26 @@ struct LlamaLayers : torch::CustomClassHolder {
 
     /* The whole body after the embedding: hidden (T, H) float32 = residual + h after the last layer. Decode
        rows (rows, tables, seq_lens, max_seq) and prompt chunks (starts, lens, context_lens, chunk_tables) as
-       pageserve_kernels/cpu_attention_plan.py plans them for the C kernels; either may be empty. */
+       pageserve_kernels/cpu_attention_plan.py plans them for the C kernels; either may be empty. LoRA adapter
+       groups as engine/worker/lora/batch.py builds them (lora_rows, lora_table); both empty without. */
     at::Tensor run(at::Tensor h, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& slots,
                    const at::Tensor& rows, const at::Tensor& tables, const at::Tensor& seq_lens, int64_t max_seq,
                    const at::Tensor& starts, const at::Tensor& lens, const at::Tensor& context_lens,
-                   const at::Tensor& chunk_tables, const at::Tensor& timings) {
+                   const at::Tensor& chunk_tables, const at::Tensor& lora_rows, const at::Tensor& lora_table,
+                   const at::Tensor& timings) {
         TORCH_CHECK(layers[6].scalar_type() == h.scalar_type(), "llama_layers: h and the KV cache differ in dtype");
         double* seconds = timings.numel() ? timings.data_ptr<double>() : nullptr;
         const int64_t t = h.size(0);
         at::Tensor attn_out = at::empty({t, d.n_q * d.hd}, h.options()), act = at::empty({t, d.out[2] / 2}, h.options());
         Step s{k, d, Timer{seconds}, at::get_num_threads(), max_seq, (float)eps, (float)scale, eps, scale, cos, sin, slots,
-               rows, tables, seq_lens, starts, lens, context_lens, chunk_tables, attn_out, act};
+               rows, tables, seq_lens, starts, lens, context_lens, chunk_tables, attn_out, act, lora_rows,
+               lora_table};
         check_step(s, h, timings);
+        check_lora(s, layers.size() / PER_LAYER);
         at::Tensor residual;
         at::TensorList all(layers);
-        for (size_t i = 0; i < layers.size(); i += PER_LAYER) layer(s, all.slice(i, PER_LAYER), h, residual, i == 0);
+        for (size_t i = 0; i < layers.size(); i += PER_LAYER)
+            layer(s, all.slice(i, PER_LAYER), h, residual, (int64_t)(i / PER_LAYER));
         return residual + h;
     }
 };

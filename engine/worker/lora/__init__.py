@@ -7,7 +7,9 @@
                   unload while requests still run, the --max-cpu-loras host cache
     reader.py     the one thread reading adapter folders off the step loop (admin loads, evicted adapters)
     evicted_reads.py  a request naming an evicted adapter waits while its folder is read again
-    batch.py      one step's rows grouped by adapter; each projection adds x[rows] A^T B^T per group
+    batch.py      one step's rows grouped by adapter; each projection adds x[rows] A^T B^T per group: one
+                  C kernel call for all groups on the CPU (pageserve_kernels/cpu_lora.py; the same call the
+                  C++ layer loop makes, so adapter steps stay on it), Triton on CUDA, else PyTorch's products
     warmup.py     on CUDA: every shrink/expand variant a step can launch, compiled at start-up
     device_weights.py  on CUDA: the active adapters stacked into weight slots and the step's rows as
                   one index list, for the Triton shrink/expand kernels (two launches per projection)

@@ -12,6 +12,11 @@ becomes a slice of the fused output:
     shrink: s = x A_stack^T          A_stack = [A_q; A_k; A_v]   (r_q + r_k + r_v, H): one product
     expand: out[:, q cols] += s[:, r_q cols] B_q^T, and so on per targeted slice
 
+On the CPU, where pageserve_kernels/cpu_lora.py's kernel for the dtype loads, each stacked A and each B
+is also prepacked here, once, into the blocks and panels the kernel reads (the plain tensors stay: they
+are PyTorch's reference), and the adapter gets its entry table (the kernel's per layer and projection
+record of those addresses and the ranks): a step only stacks its adapters' tables.
+
 Every shape is checked against the base model's; anything this engine cannot apply exactly
 (DoRA, trained biases, extra saved modules, ranks over --max-lora-rank, MoE experts) is a
 LoraError naming it, never a silently different model. Knows nothing about requests.
@@ -30,6 +35,7 @@ from safetensors import safe_open
 
 from engine.worker.lora.errors import LoraError
 from engine.worker.models.spec import ModelSpec
+from pageserve_kernels import cpu_lora
 
 
 @dataclass(frozen=True)
@@ -44,6 +50,8 @@ class LoraSlice:
     """Columns of the shrink output (the stacked A's rows) that belong to this target."""
     b: torch.Tensor
     """(end - start, r1 - r0): lora_B with the scale folded in."""
+    panels: torch.Tensor | None = None
+    """b prepacked for pageserve_kernels/cpu_lora.py's expand (None where that kernel does not run)."""
 
 
 @dataclass(frozen=True)
@@ -51,6 +59,8 @@ class ProjectionLora:
     a: torch.Tensor
     """(sum of the slices' ranks, in): every targeted slice's lora_A, stacked."""
     slices: tuple[LoraSlice, ...]
+    a_packed: torch.Tensor | None = None
+    """a in pageserve_kernels/cpu_lora.py's shrink blocks (None where that kernel does not run)."""
 
 
 @dataclass(frozen=True)
@@ -63,10 +73,20 @@ class LoraAdapter:
     """The largest rank of any target."""
     layers: tuple[dict[str, ProjectionLora], ...]
     """Per decoder layer: fused projection ("qkv", "o", "gate_up", "down") -> its LoRA, if targeted."""
+    table: torch.Tensor | None = None
+    """(layers, len(cpu_lora.PROJECTIONS), cpu_lora.ENTRY) int64: the kernel's entries, rows left 0 (their
+    addresses point into `layers`' tensors, which this record keeps); None where the kernel does not run."""
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(p.a.dtype for layer in self.layers for p in layer.values())
 
     @property
     def nbytes(self) -> int:
-        return sum(p.a.nbytes + sum(s.b.nbytes for s in p.slices) for layer in self.layers for p in layer.values())
+        packed = [t for layer in self.layers for p in layer.values()
+                  for t in (p.a_packed, *(s.panels for s in p.slices)) if t is not None]
+        return sum(p.a.nbytes + sum(s.b.nbytes for s in p.slices) for layer in self.layers for p in layer.values()) \
+            + sum(t.nbytes for t in packed)
 
 
 TARGET_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "qkv_proj",
@@ -135,9 +155,10 @@ def load_adapter(folder: str | Path, name: str, spec: ModelSpec, *, max_rank: in
         scale = alpha / math.sqrt(r) if config.get("use_rslora") else alpha / r
         b = b.float() * scale  # folded once, in float32, then rounded to the model dtype
         layers[layer].setdefault(layout[target][0], []).append((target, a, b))
-    built = tuple({proj: _stack(targets, layout, dtype, device) for proj, targets in layer.items()}
+    packed = torch.device(device).type == "cpu" and cpu_lora.load(dtype) is not None
+    built = tuple({proj: _stack(folder, targets, layout, dtype, device, packed) for proj, targets in layer.items()}
                   for layer in layers)
-    return LoraAdapter(name, str(folder), load_id, rank, built)
+    return LoraAdapter(name, str(folder), load_id, rank, built, kernel_table(built) if packed else None)
 
 
 def _checked_pair(folder: Path, layer: int, target: str, ab: dict[str, torch.Tensor],
@@ -158,15 +179,34 @@ def _checked_pair(folder: Path, layer: int, target: str, ab: dict[str, torch.Ten
     return a, b
 
 
-def _stack(targets: list[tuple[str, torch.Tensor, torch.Tensor]], layout: dict[str, tuple[str, int, int, int]],
-           dtype: torch.dtype, device: torch.device | str) -> ProjectionLora:
-    slices, r0 = [], 0
+def _stack(folder: Path, targets: list[tuple[str, torch.Tensor, torch.Tensor]],
+           layout: dict[str, tuple[str, int, int, int]], dtype: torch.dtype, device: torch.device | str,
+           packed: bool) -> ProjectionLora:
+    slices: list[LoraSlice] = []
+    r0 = 0
     for target, a, b in targets:
         _, start, end, _ = layout[target]
-        slices.append(LoraSlice(start, end, r0, r0 + a.shape[0], b.to(dtype).to(device).contiguous()))
+        for other in slices:  # q_proj beside qkv_proj: no model has both; the kernel's slices must not overlap
+            if start < other.end and other.start < end:
+                raise LoraError(f"{folder}: {target} overlaps another target of the same fused projection")
+        b = b.to(dtype).to(device).contiguous()
+        slices.append(LoraSlice(start, end, r0, r0 + a.shape[0], b, cpu_lora.pack_b(b) if packed else None))
         r0 += a.shape[0]
     stacked = torch.cat([a for _, a, _ in targets]).to(dtype).to(device).contiguous()
-    return ProjectionLora(stacked, tuple(slices))
+    return ProjectionLora(stacked, tuple(slices), cpu_lora.pack_a(stacked) if packed else None)
+
+
+def kernel_table(layers: tuple[dict[str, ProjectionLora], ...]) -> torch.Tensor:
+    """(layers, projections, ENTRY) int64: pageserve_kernels/cpu_lora.py's entry of each targeted projection."""
+    table = torch.zeros(len(layers), len(cpu_lora.PROJECTIONS), cpu_lora.ENTRY, dtype=torch.int64)
+    for i, layer in enumerate(layers):
+        for p, name in enumerate(cpu_lora.PROJECTIONS):
+            lora = layer.get(name)
+            if lora is not None:
+                assert lora.a_packed is not None
+                table[i, p] = torch.tensor(cpu_lora.entry(lora.a_packed, lora.a.shape[0], [
+                    (s.start, s.end, s.r0, s.r1, s.panels) for s in lora.slices]))  # type: ignore[misc]
+    return table
 
 
 def _read_tensors(folder: Path) -> dict[str, torch.Tensor]:

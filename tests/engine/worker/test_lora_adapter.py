@@ -64,6 +64,8 @@ def test_targets_land_on_their_fused_slices_with_the_scale_folded(tmp_path: Path
     ({(5, "self_attn", "q_proj"): ((2, 8), (8, 2))}, {}, 8, "layer 5 does not exist"),
     (GOOD, {"use_dora": True}, 8, "use_dora=True is not supported"),
     (GOOD, {"modules_to_save": ["lm_head"]}, 8, "modules_to_save"),
+    ({(0, "self_attn", "q_proj"): ((2, 8), (8, 2)), (0, "self_attn", "qkv_proj"): ((2, 8), (16, 2))}, {}, 8,
+     "qkv_proj overlaps another target of the same fused projection"),
 ])
 def test_a_bad_adapter_is_an_error_naming_the_problem(tmp_path: Path, shapes, config, max_rank, match) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(LoraError, match=match):

@@ -119,3 +119,47 @@ def test_beams_and_best_of_under_an_adapter_equal_the_merged_model(
             want = make_llm(ref, blocks=96).generate(prompts, params, detokenize=False)
             assert [[o.token_ids for o in r.outputs] for r in results] == \
                 [[o.token_ids for o in r.outputs] for r in want], f"{ref.name}, {params}"
+
+
+SMOLLM2_ADAPTERS = {  # name -> (rank, alpha, targets)
+    "all-r16": (16, 32.0, ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")),
+    "qv-r4": (4, 8.0, ("q_proj", "v_proj")),
+    "mlp-r8": (8, 16.0, ("o_proj", "gate_proj", "up_proj", "down_proj")),
+}
+
+
+@pytest.mark.slow
+def test_smollm2_mixed_batch_equals_merged_models_on_the_cpp_loop(tmp_path: Path) -> None:
+    """The must-show on the default model: float32 greedy tokens of a batch mixing the base model and three
+    adapters of different ranks, prefix caching on (every prompt shares two blocks), equal Hugging Face's greedy
+    tokens of the base model and of each adapter merged into it (peft's merge_and_unload); where this host runs
+    the C++ layer loop, every step with adapter rows ran there (engine/worker/native_layers.py)."""
+    from peft import PeftModel
+
+    from engine.worker.native_layers import NativeLayers
+    from shared.model_store import resolve_model
+
+    base = resolve_model("smollm2").path
+    folders = {name: peft_adapter(base, tmp_path / name, rank=rank, alpha=alpha, targets=targets, seed=i, std=0.02)
+               for i, (name, (rank, alpha, targets)) in enumerate(SMOLLM2_ADAPTERS.items())}
+    shared = random_prompts([32], 49152, seed=5)[0]
+    tails = random_prompts([7, 7], 49152, seed=6)  # one length: Hugging Face runs each model's two as one batch
+    prompts = [shared + tail for tail in tails for _ in range(4)]
+    loras = ["", *SMOLLM2_ADAPTERS] * 2
+    config = LoraConfig(enabled=True, modules=tuple((n, str(p)) for n, p in folders.items()), max_loras=3)
+    llm = LLM(str(base), "float32", num_device_blocks=48, block_size=16, lora=config)
+    native, ran = llm.core.runner.fast_forward, []
+    if isinstance(native, NativeLayers):
+        inner = native.forward
+        native.forward = lambda inputs, lora=None: ran.append(out := inner(inputs, lora)) or out  # type: ignore[method-assign]
+    got = llm.generate(prompts, GREEDY, detokenize=False, lora=loras)
+    assert llm.core.stats().prefix_cache_hit_tokens > 0
+    assert native is None or (ran and all(out is not None for out in ran))
+    for name in ["", *SMOLLM2_ADAPTERS]:
+        hf = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+        if name:
+            hf = PeftModel.from_pretrained(hf, folders[name]).merge_and_unload()
+        ids = torch.tensor([p for p, n in zip(prompts, loras, strict=True) if n == name])
+        want = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=16, min_new_tokens=16,
+                           do_sample=False, pad_token_id=0)[:, ids.shape[1]:].tolist()
+        assert [r.token_ids for r, n in zip(got, loras, strict=True) if n == name] == want, name or "base"
