@@ -29,7 +29,8 @@ ADAPTERS = {"all-r8": (8, ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", 
 
 
 def generate(folder: Path, modules: dict[str, Path], prompts: list[list[int]], loras: list[str]) -> list[list[int]]:
-    llm = LLM(str(folder), "float32", num_device_blocks=64, num_cpu_blocks=8, block_size=4,
+    # eager: the Python layers call LoraBatch.add (the C++ layer loop would take the C LoRA kernel instead)
+    llm = LLM(str(folder), "float32", num_device_blocks=64, num_cpu_blocks=8, block_size=4, enforce_eager=True,
               scheduler=SchedulerConfig(max_num_batched_tokens=16, max_num_seqs=8),
               lora=LoraConfig(enabled=True, modules=tuple((n, str(p)) for n, p in modules.items())))
     params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)

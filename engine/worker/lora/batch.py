@@ -93,7 +93,7 @@ def build_lora_batch(row_counts: Sequence[int], lora_ids: Sequence[int], adapter
                         else torch.tensor(indices, dtype=torch.int64, device=device))
         groups.append(LoraGroup(picked, adapters[lora_id]))
     if device.type == "cuda":
-        return LoraBatch(tuple(groups), plan_gpu_step(rows, adapters, slots or LoraSlots(), device))
+        return LoraBatch(tuple(groups), gpu=plan_gpu_step(rows, adapters, slots or LoraSlots(), device))
     return _with_kernel(tuple(groups), list(rows.values()))
 
 
@@ -109,4 +109,4 @@ def _with_kernel(groups: tuple[LoraGroup, ...], rows: list[list[int]]) -> LoraBa
     table[..., 0] = (ends - lengths).view(-1, 1, 1)  # group g's rows: flat[begin:end]
     table[..., 1] = ends.view(-1, 1, 1)
     flat = torch.tensor([i for r in rows for i in r], dtype=torch.int64)
-    return LoraBatch(groups, kernel, flat, table)
+    return LoraBatch(groups, kernel=kernel, rows=flat, table=table)
