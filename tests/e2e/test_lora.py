@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -180,10 +181,21 @@ def test_a_runtime_adapter_loads_serves_reloads_fresh_and_unloads_under_a_runnin
     assert _cli(stack, "unload", "extra").returncode == 1
 
 
+def _metric_samples(stack: LoraStack) -> list:
+    text = httpx.get(stack.base_url + "/metrics", timeout=10).text
+    return [s for f in text_string_to_metric_families(text) for s in f.samples]
+
+
 def test_usage_and_metrics_per_adapter(lora_stack: LoraStack) -> None:
     stack = lora_stack
-    text = httpx.get(stack.base_url + "/metrics", timeout=10).text
-    samples = [s for f in text_string_to_metric_families(text) for s in f.samples]
+    # the engine's figures on /metrics are its last polled Stats: wait for the poll after the loads above
+    deadline = time.monotonic() + 10
+    while True:
+        samples = _metric_samples(stack)
+        loads = sum(s.value for s in samples if s.name == "pageserve:lora_load_seconds_count")
+        if loads >= 4 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
 
     def value(name: str, **labels: str) -> float:
         return sum(s.value for s in samples if s.name == name and labels.items() <= s.labels.items())
