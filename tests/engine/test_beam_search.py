@@ -130,9 +130,10 @@ def test_default_model_beams_equal_transformers() -> None:
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     prompts = [llm.tokenizer.encode(p) for p in ("The capital of France is", "def fibonacci(n):",
                                                   "Once upon a time, a small robot")]
-    for length_penalty, early_stopping in [(1.0, False), (0.0, True)]:
-        params = BeamSearchParams(beam_width=WIDTH, max_tokens=12, ignore_eos=True, length_penalty=length_penalty,
-                                  early_stopping=early_stopping)
-        for prompt, result in zip(prompts, llm.beam_search(prompts, params, detokenize=False), strict=True):
-            want = hf_beams(hf, prompt, 12, length_penalty, early_stopping, None)
-            assert [o.token_ids for o in result.outputs] == want
+    # One setting: with ignore_eos every beam ends at max_tokens, so the length penalty and early stopping
+    # cannot change the ranking here (a second setting ran the same search twice, ~30 s); the knobs are
+    # checked on the tiny model above, with and without a stop token.
+    params = BeamSearchParams(beam_width=WIDTH, max_tokens=12, ignore_eos=True, length_penalty=1.0,
+                              early_stopping=False)
+    for prompt, result in zip(prompts, llm.beam_search(prompts, params, detokenize=False), strict=True):
+        assert [o.token_ids for o in result.outputs] == hf_beams(hf, prompt, 12, 1.0, False, None)
