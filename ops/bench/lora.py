@@ -83,13 +83,14 @@ def main(argv: list[str] | None = None) -> None:
     from shared.model_store import resolve_model
 
     spec, _ = read_architecture(resolve_model(args.model).config)
-    with tempfile.TemporaryDirectory() as tmp:
-        names = [f"lora{i}" for i in range(args.adapters)]
-        modules = tuple((n, str(random_adapter(Path(tmp) / n, spec, args.rank, i))) for i, n in enumerate(names))
-        idle = tuple((f"idle{i}", modules[0][1]) for i in range(max(0, args.registered - args.adapters)))
-        lora = LLM(args.model, args.dtype, max_model_len=512,
-                   lora=LoraConfig(enabled=True, modules=modules + idle, max_loras=args.adapters,
-                                   max_lora_rank=args.rank, max_cpu_loras=max(32, args.adapters)))
+    # the folders outlive the loads: an adapter evicted past --max-cpu-loras is read from them again
+    folders = tempfile.TemporaryDirectory()
+    names = [f"lora{i}" for i in range(args.adapters)]
+    modules = tuple((n, str(random_adapter(Path(folders.name) / n, spec, args.rank, i))) for i, n in enumerate(names))
+    idle = tuple((f"idle{i}", modules[0][1]) for i in range(max(0, args.registered - args.adapters)))
+    lora = LLM(args.model, args.dtype, max_model_len=512,
+               lora=LoraConfig(enabled=True, modules=modules + idle, max_loras=args.adapters,
+                               max_lora_rank=args.rank, max_cpu_loras=max(32, args.adapters)))
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, spec.vocab_size, (args.prompt,), generator=g).tolist() for _ in range(args.batch)]
     params = SamplingParams(temperature=0.0, max_tokens=args.output, ignore_eos=True)
@@ -112,6 +113,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{name:<24} {tps:>10.1f} {tps / ref:>8.2f}")
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "tokens_per_s": best}, indent=1))
+    folders.cleanup()
 
 
 if __name__ == "__main__":
