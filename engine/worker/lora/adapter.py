@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors.torch import load as safetensors_load
 
 from engine.worker.lora.errors import LoraError
 from engine.worker.models.spec import ModelSpec
@@ -210,11 +210,16 @@ def kernel_table(layers: tuple[dict[str, ProjectionLora], ...]) -> torch.Tensor:
 
 
 def _read_tensors(folder: Path) -> dict[str, torch.Tensor]:
+    """The file read whole (plain reads release the GIL while the disk works), then parsed from
+    memory. safe_open's tensors page the file in from its mmap while holding the GIL, tensor by tensor: a
+    cold 50 MB adapter stalled the engine's step loop for its whole read (p99 inter-token latency of the
+    running streams 44 -> 294 ms on a Zen 4 host, `pageserve bench lora-load`)."""
     path = folder / "adapter_model.safetensors"
     if not path.is_file():
         raise LoraError(f"{folder}: no adapter_model.safetensors")
     try:
-        with safe_open(str(path), framework="pt") as f:
-            return {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is not a dict)
+        with path.open("rb", buffering=0) as f:
+            data = f.read()
+        return safetensors_load(data)
     except Exception as e:  # a truncated or foreign file: the reader's own words
         raise LoraError(f"{path}: unreadable ({type(e).__name__}: {e})") from None

@@ -51,11 +51,14 @@ class HeldReads:
     def __init__(self, core: EngineCore) -> None:
         assert core.loras is not None
         self.gate = threading.Event()
+        self.started = threading.Event()
+        """Set once a read is waiting at the gate (the reader thread runs when the OS schedules it)."""
         self.reads: list[tuple[str, str]] = []
         inner: Callable[[str, str, int], LoraAdapter] = core.loras._loader
 
         def held(path: str, name: str, load_id: int) -> LoraAdapter:
             self.reads.append((name, threading.current_thread().name))
+            self.started.set()
             assert self.gate.wait(30.0), "the test never released the read"
             return inner(path, name, load_id)
         core.loras._loader = held
@@ -136,6 +139,7 @@ def test_an_evicted_adapter_changed_on_disk_fails_its_requests_only(
     core.add_request(Request("a1", prompt, GREEDY, arrival_time=0.0, lora_name="a"))
     core.add_request(Request("a2", prompt, GREEDY, arrival_time=0.0, lora_name="a"))  # the same read
     _step(core, tokens)
+    assert held.started.wait(10.0)
     _touch(copies["a"][0])  # changed while its read waits: the read must notice
     held.gate.set()
     with pytest.raises(RequestsFailed, match="changed on disk") as failed:
