@@ -9,9 +9,9 @@ from ops.bench.soak import QUITTER, TENANTS, run
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 
-def test_ten_seconds_of_streams_leave_balanced_books() -> None:
+def test_five_seconds_of_streams_leave_balanced_books() -> None:
     """The suite's short soak (the long one: `python -m ops.bench.soak`, docs/benchmarks.md)."""
-    r = run(clients=32, seconds=10)
+    r = run(clients=32, seconds=5)  # 32 clients still overlap every phase of a stream; the hour-long run is separate
     assert sum(r.requests.values()) >= len(TENANTS) * 2, r
     # The only "errors" are the quitters hanging up on purpose: no 5xx, no SSE error, no client exception.
     assert set(r.errors) <= {"client:hung_up_on_purpose"}, r.errors
