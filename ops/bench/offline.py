@@ -25,6 +25,7 @@ A benchmark, not a test.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import time
 from dataclasses import asdict, dataclass, field
@@ -206,12 +207,16 @@ def main(argv: list[str]) -> int:
         prof = profile_steps(core, w.prompts, w.output_lens)
         print(format_profile(prof), flush=True)
         results["profile"] = asdict(prof)
+    model_path, max_model_len = str(core.model_path), core.model_info.max_model_len
+    if args.skip_hf:  # the peer loads its own copy of the weights: ours (and their packed copies) go first
+        core.close()
+        core = None
+        gc.collect()
     for caching in settings:
-        peer = run_offline(args.vllm_python, str(core.model_path), args.dtype, w, caching,
-                           threads=args.threads)
+        peer = run_offline(args.vllm_python, model_path, args.dtype, w, caching, threads=args.threads)
         print(f"  {peer.name}: " + (peer.error or f"{peer.seconds:.1f}s, {peer.tok_s:.1f} output tok/s"), flush=True)
         rows.append(peer)
-    if not args.skip_hf:
+    if core is not None:
         hf_runs = _bench_hf(core, w, args)
         results["hf_static"] = hf_runs
         rows += [PeerResult(f"HF static generate, batch {r['batch_size']}", r["seconds"], w.output_tokens)
@@ -222,7 +227,7 @@ def main(argv: list[str]) -> int:
     print_peer_table(rows, title=f"bench offline, workload {args.workload}, {args.dtype}")
     waste = eng.waste
     print(f"KV waste at peak allocation ({waste['running_at_peak']} running, {waste['peak_allocated_slots']} slots): "
-          f"paged {100 * waste['paged']:.2f}%, contiguous max_model_len={core.model_info.max_model_len} "
+          f"paged {100 * waste['paged']:.2f}%, contiguous max_model_len={max_model_len} "
           f"{100 * waste['contiguous_max_model_len']:.1f}%, contiguous prompt+max_tokens "
           f"{100 * waste['contiguous_prompt_plus_max_tokens']:.1f}%")
     if args.json:
