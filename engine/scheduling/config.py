@@ -12,8 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from engine.scheduling.slo import LIFT_STALL
-
 PreemptionMode = Literal["swap", "recompute", "auto"]
 Policy = Literal["priority", "fcfs"]
 
@@ -76,7 +74,7 @@ class SchedulerConfig:
     bursts reach this. When both targets cannot be met the ITL target wins: the prompt comes late. A target the
     stall factor's own step already passes (a big model) holds lifts to that step and leaves the floors their own
     bound (slo.py). 0: no bound."""
-    ttft_stall_limit: float = LIFT_STALL
+    ttft_stall_limit: float = 0.0
     """Serving mode, with ttft_target_s: a step lifted for a deadline routinely takes at most this many decode
     steps (a few bursts a minute: up to itl_target_s). Under 3, closed-loop streams keep p99 ITL under 3x the
     median; higher buys TTFT at light load with the streams' smoothness."""
@@ -120,8 +118,8 @@ class SchedulerConfig:
             raise ValueError("prefill_backlog_drain_s must be non-negative (0: off)")
         if self.ttft_target_s < 0 or self.itl_target_s < 0:
             raise ValueError("ttft_target_s and itl_target_s must be non-negative (0: off)")
-        if self.ttft_stall_limit <= 1.0:
-            raise ValueError("ttft_stall_limit must be above 1")
+        if self.ttft_stall_limit and self.ttft_stall_limit <= 1.0:
+            raise ValueError("ttft_stall_limit must be above 1 (or 0: off)")
 
 
 @dataclass(frozen=True)

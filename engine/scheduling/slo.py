@@ -18,12 +18,15 @@ p99 1,125 ms against vLLM's 222 and 385 at 2 requests/s (Intel Xeon, bfloat16), 
 
 When both targets cannot be met the ITL bound wins, and the prompt comes late with the most each step may
 carry:
-  routine   a step lifted for a deadline stalls the streams at most LIFT_STALL (--ttft-stall-limit) x a
-            decode step, so the p99/p50 gap stays under 3x while prompts keep arriving, and never past
-            itl_target_s unless the stall factor's own step (2x a decode step) is longer (a big model)
-  bursts    at most LONG_STEPS of the last LONG_WINDOW steps may go past the routine bound, up to
-            itl_target_s: a burst of prompts drains at nearly whole-prompt speed (vLLM's way), and steps
-            that long stay well under 1% of the streams' gaps, so out of their p99
+  default   a deadline lifts a step up to itl_target_s (the engine's default: 1 s), so at light load a prompt
+            goes whole into one step and under overload the queue drains in long steps, as vLLM's does.
+            Streams that are all about to end are not stalled at all (step_builder.wave_ends_soon)
+  routine   with stall_limit (--ttft-stall-limit, e.g. LIFT_STALL) a lifted step routinely stalls the streams
+            at most stall_limit x a decode step (and never past itl_target_s unless the stall factor's own
+            step, 2x a decode step, is longer: a big model); smoother streams, later first tokens
+  bursts    then at most LONG_STEPS of the last LONG_WINDOW steps may go past the routine bound, up to
+            itl_target_s: a burst of prompts drains at nearly whole-prompt speed, and steps that long stay
+            well under 1% of the streams' gaps, so out of their p99
   floors    the queue's floors (arrival, backlog: step_cost.py) never plan a step past itl_target_s either,
             on a host and model that can keep it (the stall factor's step is shorter); where even that
             passes the target (a big model), the floors keep their own bound (SATURATED_STALL), so
@@ -39,8 +42,9 @@ from dataclasses import dataclass, field
 from engine.scheduling.step_cost import MIN_PROMPT_TOKENS, StepCosts
 
 LIFT_STALL = 2.75
-"""A step lifted for a deadline takes at most this many decode steps, routinely: under the 3x p99/p50 gap
-that 8 closed-loop streams must keep, with a margin for the cost estimate's error."""
+"""A --ttft-stall-limit for smooth streams: a lifted step takes at most this many decode steps, routinely, under a
+3x p99/p50 gap with a margin for the cost estimate's error (the default before whole-prompt lifts: at 2 requests/s
+a 256-token prompt then took 4-5 steps, TTFT p50 388-446 ms against 195-204 with whole prompts, Zen 4)."""
 LONG_WINDOW = 512
 """Steps beside generating streams over which LONG_STEPS are counted."""
 LONG_STEPS = 4
@@ -66,8 +70,9 @@ class SloPlanner:
     """A prompt's first token is due this long after it was queued (0: no deadlines, nothing planned)."""
     itl_target_s: float = 0.0
     """The longest step the floors or a deadline may plan (0: no bound on the floors, no long steps)."""
-    stall_limit: float = LIFT_STALL
-    """A step lifted for a deadline routinely takes at most this many decode steps (--ttft-stall-limit)."""
+    stall_limit: float = 0.0
+    """A step lifted for a deadline routinely takes at most this many decode steps (--ttft-stall-limit; 0: no
+    routine bound, deadlines lift steps up to itl_target_s)."""
     planned: deque[bool] = field(default_factory=lambda: deque(maxlen=LONG_WINDOW))
     """Whether each of the latest steps beside generating streams went past the routine bound."""
 
@@ -90,10 +95,12 @@ class SloPlanner:
             return max(MIN_PROMPT_TOKENS, int((seconds - decode_s - fixed) // per_token))
 
         fixed, per_token = cost
-        routine_s = self.stall_limit * decode_s
-        if self.itl_target_s:  # the target binds unless a big model's stall-factor step alone passes it
-            routine_s = min(routine_s, max(self.itl_target_s, costs.stall_factor * decode_s))
-        routine = fitting(routine_s)
+        bound_s = max(self.itl_target_s, costs.stall_factor * decode_s)  # a big model's 2x step passes it
+        if self.stall_limit:  # routine lifts held to stall_limit decode steps (and the target)
+            routine_s = min(self.stall_limit * decode_s, bound_s) if self.itl_target_s else self.stall_limit * decode_s
+        else:  # no routine bound: a deadline lifts a step up to the ITL target (with none, the whole due)
+            routine_s = bound_s if self.itl_target_s else float("inf")
+        routine = fitting(routine_s) if routine_s != float("inf") else 1 << 30
         longest = max(routine, fitting(self.itl_target_s))
         if self.itl_target_s >= costs.stall_factor * decode_s:  # a target this host can keep bounds the floors too
             floor = min(floor, longest)

@@ -18,6 +18,12 @@ from engine.scheduling.sample_group import SampleState
 from engine.scheduling.slo import SloPlanner
 from engine.scheduling.step_cost import BACKLOG_AGE_S, StepCosts
 
+WAVE_STEPS = 4
+"""A prompt waits at most this many decode steps for streams that all end by then (wave_ends_soon). 8 closed-loop
+streams of equal length end together and their clients send the next prompts together; one stream a step ahead
+sent its prompt alone while the other seven decoded their last tokens, and that prompt's step stalled all seven
+once a round: p99 ITL 144 ms against a 15 ms median (9.4x; Zen 4, bfloat16, whole-prompt steps)."""
+
 
 @dataclass
 class StepBuilder:
@@ -98,6 +104,8 @@ def serving_prefill_budget(config: SchedulerConfig, running: list[Request], wait
     generating = sum(r.num_computed_tokens >= r.num_prompt_tokens for r in running)
     if not cap or not generating:
         return None
+    if wave_ends_soon(running):
+        return 0  # every generating stream ends within WAVE_STEPS steps: the prompts start as they go
     if costs.stale(generating):
         return 0  # this step measures what a decode step of the grown (or shrunk) batch takes
     prefilling = [r for r in running if r.num_computed_tokens < r.num_prompt_tokens]
@@ -109,6 +117,14 @@ def serving_prefill_budget(config: SchedulerConfig, running: list[Request], wait
            for group in (waiting, prefilling) for r in group
            if r.num_output_tokens == 0 and r.request_id in live]  # a resumed request had its first token
     return slo.prompt_tokens(costs, due, now, budget, config.max_num_batched_tokens)
+
+
+def wave_ends_soon(running: list[Request]) -> bool:
+    """Whether every generating stream reaches its max_tokens within WAVE_STEPS steps (an EOS only ends it
+    sooner). A prompt step now would stall streams that are about to end; a few decode steps later it stalls
+    none, and the prompts whose clients were waiting on those streams (a closed loop) join it."""
+    generating = [r for r in running if r.num_computed_tokens >= r.num_prompt_tokens]
+    return bool(generating) and all(r.sampling.max_tokens - r.num_output_tokens <= WAVE_STEPS for r in generating)
 
 
 def _backlog(waiting: Iterable[Request], prefilling: list[Request], now: float,

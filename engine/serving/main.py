@@ -45,13 +45,16 @@ SERVING_STALL_FACTOR = 2.0
 # TTFT p50 845 ms, goodput 3.66, 525 out tok/s (vLLM 457), TPOT 64 ms (89), p99 ITL 160 ms (296); at
 # 2 requests/s unchanged (231.9 out tok/s, TPOT 24 ms, p99 ITL 46 ms; vLLM 215.7, 44, 102).
 SERVING_BACKLOG_DRAIN_S = 0.1
-# The serving targets (engine/scheduling/slo.py): while streams generate, a prompt's prefill is planned to end
-# within SERVING_TTFT_TARGET_MS of its arrival at the engine, in steps of at most 2.75x a decode step (a few
-# bursts a minute: up to SERVING_ITL_TARGET_MS). Chosen against vLLM's served figures on the Intel Xeon
-# (2 requests/s of 256-token prompts: TTFT p50 222 ms, p99 385; p99 ITL 175 ms at 2/s, 149 at 8/s), less
-# the gateway's few milliseconds.
+# The serving targets (engine/scheduling/slo.py): while streams generate, the prompts waiting are planned to end
+# their prefill within SERVING_TTFT_TARGET_MS of their arrival at the engine, in steps of at most
+# SERVING_ITL_TARGET_MS: at light load a prompt goes whole into the next step (~190 ms for 256 tokens of SmolLM2,
+# bfloat16, Zen 4), under overload the queue drains in steps of up to a second, as vLLM's do (its p99 ITL at
+# 8 requests/s: 1,413 ms). Fed in steps of at most 2.75 decode steps instead (--ttft-stall-limit 2.75, the
+# default before), the streams were smoother (p99 ITL 51-81 ms against ~190 ms) but a prompt took 4-5 steps:
+# TTFT p50 388-446 ms at 2 requests/s against vLLM's 310 and 3.6 s at 8/s against its 2.6 s (Zen 4, bfloat16,
+# `pageserve bench serve --random 64 256 128`); whole prompts: 195-204 ms and 2.0 s.
 SERVING_TTFT_TARGET_MS = 150.0
-SERVING_ITL_TARGET_MS = 150.0
+SERVING_ITL_TARGET_MS = 1000.0
 
 
 def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
@@ -124,11 +127,12 @@ def add_serving_args(p: argparse.ArgumentParser) -> None:
                         "is due this long after it reached the engine, within the ITL bounds (0: off)")
     p.add_argument("--itl-target-ms", type=float, default=SERVING_ITL_TARGET_MS,
                    help="the longest step the queue's floors or a TTFT deadline may plan while streams generate "
-                        "(a deadline routinely asks at most 2.75x a decode step, this long only for a burst; "
-                        "2x where that is longer); when both targets cannot be met this wins (0: no bound)")
-    p.add_argument("--ttft-stall-limit", type=float, default=LIFT_STALL,
-                   help="a step lifted for a TTFT deadline routinely takes at most this many decode steps: under 3 "
-                        "keeps closed-loop streams' p99 gap under 3x the median; higher buys TTFT with smoothness")
+                        "(2x a decode step where that is longer); when both targets cannot be met this wins "
+                        "(0: no bound)")
+    p.add_argument("--ttft-stall-limit", type=float, default=0.0,
+                   help="smoother streams for later first tokens: a step lifted for a TTFT deadline routinely takes "
+                        f"at most this many decode steps, only a few a minute up to --itl-target-ms (e.g. {LIFT_STALL}: "
+                        "p99 gaps about 3x the median; 0: off, deadlines lift steps up to --itl-target-ms)")
 
 
 ENV_PREFIX = "PAGESERVE_ENGINE_"

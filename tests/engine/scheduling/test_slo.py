@@ -9,6 +9,7 @@ process's (its serving defaults); the clock moves by each step's simulated time.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import pytest
@@ -16,6 +17,7 @@ import pytest
 from engine.outputs import SchedulerOutput
 from engine.request import Request
 from engine.scheduling.slo import LIFT_STALL, LONG_STEPS, LONG_WINDOW, SloPlanner, tokens_due
+from engine.scheduling.step_builder import WAVE_STEPS
 from engine.scheduling.step_cost import StepCosts, affine_fit
 from engine.serving.main import (
     SERVING_BACKLOG_DRAIN_S,
@@ -115,7 +117,7 @@ def test_without_a_ttft_target_the_stall_budget_alone_keeps_the_prompt_waiting()
     assert ttft is not None and ttft > 2 * TTFT_S
 
 
-@pytest.mark.parametrize("itl_s", [ITL_S, 0.1])
+@pytest.mark.parametrize("itl_s", [0.15, 0.1])
 def test_a_long_prompt_is_chunked_so_no_step_passes_the_itl_target(itl_s: float) -> None:
     """3,000 prompt tokens cannot meet the deadline: the ITL target wins. The backlog floor, once the prompt has
     waited a second, would plan 256-token steps of 150 ms: held to the target too."""
@@ -164,7 +166,7 @@ def test_past_the_routine_bound_only_a_few_steps_in_the_window() -> None:
     costs.observe(_step(8), 0.028)
     for p in (40, 80, 160, 20):
         costs.observe(_step(8, p), 0.028 + 0.020 + 0.0004 * p)
-    slo = SloPlanner(ttft_target_s=0.15, itl_target_s=0.15)
+    slo = SloPlanner(ttft_target_s=0.15, itl_target_s=0.15, stall_limit=LIFT_STALL)
     burst = [(0.15, 256), (0.16, 256), (0.17, 256)]
     given = [slo.prompt_tokens(costs, burst, 0.0, 20, 2048) for _ in range(LONG_WINDOW + 2)]
     longest = (0.15 - 0.048) / 0.0004  # 255 tokens: a step of the ITL target
@@ -172,7 +174,9 @@ def test_past_the_routine_bound_only_a_few_steps_in_the_window() -> None:
     assert all(abs(n - longest) <= 1 for n in given[:LONG_STEPS]), given[:LONG_STEPS]
     assert all(abs(n - routine) <= 1 for n in given[LONG_STEPS:LONG_WINDOW + 1])
     assert abs(given[LONG_WINDOW + 1] - longest) <= 1  # the first long step has left the window
-    assert abs(SloPlanner(0.15, 0.0).prompt_tokens(costs, burst, 0.0, 20, 2048) - routine) <= 1  # no ITL target
+    assert abs(SloPlanner(0.15, 0.0, LIFT_STALL).prompt_tokens(costs, burst, 0.0, 20, 2048) - routine) <= 1
+    off = SloPlanner(ttft_target_s=0.15, itl_target_s=0.15)  # the default: no routine bound, every step may lift
+    assert all(abs(off.prompt_tokens(costs, burst, 0.0, 20, 2048) - longest) <= 1 for _ in range(LONG_WINDOW + 2))
 
 
 def test_the_prompt_cost_line_separates_the_fixed_part() -> None:
@@ -226,3 +230,23 @@ def test_the_itl_target_alone_bounds_the_floors() -> None:
     for _ in range(60):
         sim.step()
     assert max(sim.stalls()) <= 0.1 * 1.01
+
+
+def test_a_prompt_waits_for_streams_that_all_end_within_a_few_steps() -> None:
+    """Streams that all end within WAVE_STEPS tokens are not stalled: the prompt waits for them (a few decode
+    steps), then runs beside nothing. One stream with more to go and the prompt runs in the next step."""
+    sim = Sim()
+    sim.streams(8)
+    for r in sim.sched.running:  # every stream's end comes within WAVE_STEPS tokens
+        r.sampling = dataclasses.replace(r.sampling, max_tokens=r.num_output_tokens + WAVE_STEPS)
+    lone = sim.add(256, max_tokens=4)
+    carried = [lone.request_id in {c.request_id for c in sim.step().chunks} for _ in range(WAVE_STEPS + 1)]
+    assert carried == [False] * WAVE_STEPS + [True], carried
+    assert all(gen == 0 for out, _, gen in sim.steps[-1:])  # it ran beside no generating stream
+
+    sim = Sim()
+    sim.streams(8)
+    for r in sim.sched.running[1:]:
+        r.sampling = dataclasses.replace(r.sampling, max_tokens=r.num_output_tokens + 2)
+    lone = sim.add(256, max_tokens=4)
+    assert lone.request_id in {c.request_id for c in sim.step().chunks}
