@@ -120,14 +120,12 @@ def _request(rid: str, prompt: list[int], max_tokens: int):  # type: ignore[no-u
 
 
 @pytest.mark.slow
-def test_default_model_beams_equal_transformers() -> None:
-    from transformers import AutoModelForCausalLM
-
+def test_default_model_beams_equal_transformers(hf_default_model: Any) -> None:
+    """transformers' model is the session's (model_fixtures.hf_default_model), loaded once for every test."""
     from shared.model_store import resolve_model
 
-    path = resolve_model("smollm2").path
-    llm = make_llm(path, blocks=64, block_size=16, budget=256)
-    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    llm = make_llm(resolve_model("smollm2").path, blocks=64, block_size=16, budget=256)
+    hf = hf_default_model
     prompts = [llm.tokenizer.encode(p) for p in ("The capital of France is", "def fibonacci(n):",
                                                   "Once upon a time, a small robot")]
     # One setting: with ignore_eos every beam ends at max_tokens, so the length penalty and early stopping

@@ -8,6 +8,7 @@ preempted (their blocks swapped out and in) and freed blocks are reused.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -17,7 +18,13 @@ from engine.llm import LLM
 from engine.worker.layers.attention import TorchPagedAttention
 from pageserve_kernels import choice, cpu_fused, cpu_prefill
 from shared.sampling import SamplingParams
-from tests.engine.model_fixtures import hf_greedy, make_llm, random_prompts, tiny_model
+from tests.engine.model_fixtures import (
+    hf_greedy,
+    hf_greedy_mismatch,
+    make_llm,
+    random_prompts,
+    tiny_model,
+)
 from tests.support.tiny_model import tiny_llama_folder
 
 __all__ = ["tiny_model"]
@@ -26,7 +33,10 @@ LENGTHS = [1, 5, 17, 33, 8, 60, 2, 25]
 
 
 def _check_parity(folder: Path, lengths: list[int], vocab: int, *, blocks: int, block_size: int, budget: int,
-                  new_tokens: int = 64) -> LLM:
+                  new_tokens: int = 64, hf: Any = None) -> LLM:
+    """`hf`: the folder's transformers model, already loaded (the default model's is shared by the session);
+    it is then checked by teacher forcing (model_fixtures.hf_greedy_mismatch), the same greedy tokens in one
+    forward pass per prompt instead of one per token."""
     prompts = random_prompts(lengths, vocab)
     llm = make_llm(folder, blocks=blocks, block_size=block_size, budget=budget, seqs=8)
     greedy = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
@@ -37,9 +47,14 @@ def _check_parity(folder: Path, lengths: list[int], vocab: int, *, blocks: int, 
     assert max(lengths) > budget
     assert sum((n + new_tokens) // block_size + 1 for n in lengths) > blocks
     assert stats.preemptions > 0 and stats.blocks_swapped_in == stats.blocks_swapped_out > 0
+    assert all(result.finish_reason == "length" for result in results)
+    if hf is not None:
+        for prompt, result in zip(prompts, results, strict=True):
+            at = hf_greedy_mismatch(hf, [prompt], [result.token_ids])
+            assert at is None, f"prompt of {len(prompt)} tokens diverged at new token {at}"
+        return llm
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     for prompt, result in zip(prompts, results, strict=True):
-        assert result.finish_reason == "length"
         assert result.token_ids == hf_greedy(hf, prompt, new_tokens), f"prompt of {len(prompt)} tokens diverged"
     return llm
 
@@ -73,12 +88,13 @@ def test_tiny_llama_variant_matches_hf(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_default_model_matches_hf_generate() -> None:
+def test_default_model_matches_hf_generate(hf_default_model: Any) -> None:
     """32 new tokens, not the tiny models' 64: the 8 requests still need 44 blocks of 16 for 24 on the device,
     so chunks, preemption and swaps still happen (asserted), at about half the time (38 s -> 21 s alone, busy
-    2 cores); with swap-in broken it still fails (prompt of 9 tokens diverged)."""
+    2 cores); with swap-in broken it still fails (prompt of 9 tokens diverged). Hugging Face's greedy tokens
+    are checked by teacher forcing on the session's shared model (21 s -> 8 s)."""
     _check_parity(Path(_default_model_path()), [3, 17, 40, 64, 9, 90, 30, 120], 49152, blocks=24, block_size=16,
-                  budget=48, new_tokens=32)
+                  budget=48, new_tokens=32, hf=hf_default_model)
 
 
 @pytest.mark.slow
