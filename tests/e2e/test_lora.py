@@ -188,12 +188,14 @@ def _metric_samples(stack: LoraStack) -> list:
 
 def test_usage_and_metrics_per_adapter(lora_stack: LoraStack) -> None:
     stack = lora_stack
-    # the engine's figures on /metrics are its last polled Stats: wait for the poll after the loads above
+    # the engine's figures on /metrics are its last polled Stats: wait for the poll after the loads and the
+    # unload above (a loaded host polled between them once: 3 adapters loaded)
     deadline = time.monotonic() + 10
     while True:
         samples = _metric_samples(stack)
         loads = sum(s.value for s in samples if s.name == "pageserve:lora_load_seconds_count")
-        if loads >= 4 or time.monotonic() > deadline:
+        loaded = sum(s.value for s in samples if s.name == "pageserve:lora_adapters_loaded")
+        if (loads >= 4 and loaded == 2) or time.monotonic() > deadline:  # and the poll after the unload
             break
         time.sleep(0.2)
 
