@@ -1,0 +1,75 @@
+"""An adapter_model.safetensors read whole, and its header: each tensor's dtype, shape and bytes, nothing copied.
+
+    [ u64 little-endian: header length N | N bytes of JSON | tensor bytes ... ]
+    JSON: {"name": {"dtype": "F32", "shape": [r, k], "data_offsets": [begin, end]}, "__metadata__": {...}}
+
+The format is documented and trivial (huggingface/safetensors); parsing the header here lets
+pageserve_kernels/lora_pack.py read the tensors straight out of the file's bytes, with no torch tensor per
+tensor. Offsets are checked against the file; a malformed file is a LoraError. Knows nothing about LoRA.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.worker.lora.errors import LoraError
+
+ITEM_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
+
+
+@dataclass(frozen=True)
+class StoredTensor:
+    dtype: str
+    """safetensors' name of its dtype ("F32", "BF16", "F16", ...)."""
+    shape: tuple[int, ...]
+    offset: int
+    """Byte offset of its first element in the whole file."""
+
+
+def read_file(path: Path) -> bytearray:
+    """The file's bytes, read whole into one buffer (a plain read releases the GIL while the disk works)."""
+    try:
+        with path.open("rb", buffering=0) as f:
+            size = f.seek(0, 2)
+            f.seek(0)
+            data = bytearray(size)
+            got = f.readinto(data)
+    except OSError as e:
+        raise LoraError(f"{path}: unreadable ({e})") from None
+    if got != size:
+        raise LoraError(f"{path}: read {got} of {size} bytes (the file changed while read)")
+    return data
+
+
+def read_header(path: Path, data: bytearray) -> dict[str, StoredTensor]:
+    """Tensor name -> where it lies in `data` (the whole file); LoraError for anything malformed."""
+    if len(data) < 8:
+        raise LoraError(f"{path}: unreadable (shorter than a safetensors header)")
+    (length,) = struct.unpack_from("<Q", data)
+    if length > len(data) - 8:
+        raise LoraError(f"{path}: unreadable (header of {length} bytes in a file of {len(data)})")
+    try:
+        header = json.loads(bytes(data[8 : 8 + length]))
+    except ValueError as e:
+        raise LoraError(f"{path}: unreadable (header is not JSON: {e})") from None
+    if not isinstance(header, dict):
+        raise LoraError(f"{path}: unreadable (header is not a JSON object)")
+    tensors, base = {}, 8 + length
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype, shape, (begin, end) = info["dtype"], tuple(int(n) for n in info["shape"]), info["data_offsets"]
+            size = ITEM_BYTES[dtype] * math.prod(shape)
+        except (KeyError, TypeError, ValueError):
+            raise LoraError(f"{path}: unreadable (tensor {name!r}: {info!r})") from None
+        if not (isinstance(begin, int) and isinstance(end, int) and 0 <= begin and end - begin == size
+                and base + end <= len(data)):
+            raise LoraError(f"{path}: unreadable (tensor {name!r}'s bytes {begin}..{end} do not hold {dtype} "
+                            f"{list(shape)} inside the file)")
+        tensors[name] = StoredTensor(dtype, shape, base + begin)
+    return tensors
