@@ -41,15 +41,15 @@ class LoraPacker:
         self._fn = lib.lora_pack
         self._fn.restype, self._fn.argtypes = i, [p, i, p, i, ctypes.c_int, p, i]
 
-    def pack(self, source: bytearray, out: torch.Tensor, jobs: torch.Tensor) -> None:
-        """Runs every job (jobs (n, JOB_FIELDS) int64) from the file's bytes into out (1-D, the serving dtype)."""
+    def pack(self, source: torch.Tensor, out: torch.Tensor, jobs: torch.Tensor) -> None:
+        """Runs every job (jobs (n, JOB_FIELDS) int64) from the file's bytes (source (size,) uint8) into out
+        (1-D, the serving dtype)."""
+        assert source.dtype == torch.uint8 and source.dim() == 1 and source.is_contiguous()
         assert out.dtype in SERVING_DTYPES and out.dim() == 1 and out.is_contiguous() and out.device.type == "cpu"
         assert jobs.dtype == torch.int64 and jobs.is_contiguous() and jobs.shape[1:] == (JOB_FIELDS,)
         assert out.data_ptr() % ALIGN == 0
-        src = (ctypes.c_char * len(source)).from_buffer(source)
-        failed = self._fn(ctypes.addressof(src), len(source), out.data_ptr(), out.nbytes,
+        failed = self._fn(source.data_ptr(), source.numel(), out.data_ptr(), out.nbytes,
                           int(out.dtype == torch.bfloat16), jobs.data_ptr(), jobs.shape[0])
-        del src  # the bytearray may be resized again once no ctypes view exports it
         if failed == -1:
             raise MemoryError("lora_pack: no memory for its scratch row")
         assert failed == 0, f"lora_pack: job {failed - 1} {jobs[failed - 1].tolist()} falls outside its buffers"

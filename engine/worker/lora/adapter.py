@@ -40,7 +40,7 @@ from safetensors.torch import load as safetensors_load
 
 from engine.worker.lora.errors import LoraError
 from engine.worker.lora.packed_layout import pack_projections
-from engine.worker.lora.safetensors_file import StoredTensor, read_file, read_header
+from engine.worker.lora.safetensors_file import StoredTensor, as_buffer, read_file, read_header
 from engine.worker.models.spec import ModelSpec
 from pageserve_kernels import cpu_lora, lora_pack
 
@@ -233,7 +233,7 @@ def _stack(targets: list[tuple[str, Stored, Stored, float]], layout: dict[str, t
     return ProjectionLora(None if kernel else stacked, tuple(slices), cpu_lora.pack_a(stacked) if kernel else None)
 
 
-def _packed(data: bytearray, layers: list[dict[str, list[tuple[str, Stored, Stored, float]]]],
+def _packed(data: torch.Tensor, layers: list[dict[str, list[tuple[str, Stored, Stored, float]]]],
             layout: dict[str, tuple[str, int, int, int]], dtype: torch.dtype,
             packer: lora_pack.LoraPacker) -> tuple[dict[str, ProjectionLora], ...]:
     """The C kernel's layout only, straight from the file's bytes (packed_layout.py: one C call)."""
@@ -269,11 +269,11 @@ def kernel_table(layers: tuple[dict[str, ProjectionLora], ...]) -> torch.Tensor:
     return torch.tensor(rows, dtype=torch.int64).view(len(layers), len(cpu_lora.PROJECTIONS), cpu_lora.ENTRY)
 
 
-def _parse(path: Path, data: bytearray) -> dict[str, torch.Tensor]:
+def _parse(path: Path, data: torch.Tensor) -> dict[str, torch.Tensor]:
     """The tensors by safetensors, from the bytes already read (not safe_open: its tensors page the file in
     from its mmap while holding the GIL, tensor by tensor: a cold 50 MB adapter stalled the engine's step
     loop for its whole read, p99 inter-token latency of the running streams 44 -> 294 ms on a Zen 4 host)."""
     try:
-        return safetensors_load(bytes(data))
+        return safetensors_load(bytes(as_buffer(data)))
     except Exception as e:  # a truncated or foreign file: the reader's own words
         raise LoraError(f"{path}: unreadable ({type(e).__name__}: {e})") from None

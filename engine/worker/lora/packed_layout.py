@@ -61,10 +61,10 @@ class _Plan:
                           self.parts[part][0] * self.item, row0, total, bits])
 
 
-def pack_projections(data: bytearray, projections: Sequence[dict[str, list[Target]]], dtype: torch.dtype,
+def pack_projections(data: torch.Tensor, projections: Sequence[dict[str, list[Target]]], dtype: torch.dtype,
                      packer: lora_pack.LoraPacker) -> list[dict[str, tuple[torch.Tensor, list[torch.Tensor]]]]:
     """Per layer, projection -> (its stacked A packed, each target's B panels in order), all views of one
-    buffer filled from `data` (the file) by one C call."""
+    buffer filled from `data` ((file size,) uint8: the file) by one C call."""
     plan = _Plan(dtype)
     parts: list[dict[str, tuple[int, list[int]]]] = []
     for layer in projections:

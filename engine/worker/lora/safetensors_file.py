@@ -10,11 +10,14 @@ tensor. Offsets are checked against the file; a malformed file is a LoraError. K
 
 from __future__ import annotations
 
+import ctypes
 import json
 import math
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+
+import torch
 
 from engine.worker.lora.errors import LoraError
 
@@ -30,14 +33,15 @@ class StoredTensor:
     """Byte offset of its first element in the whole file."""
 
 
-def read_file(path: Path) -> bytearray:
-    """The file's bytes, read whole into one buffer (a plain read releases the GIL while the disk works)."""
+def read_file(path: Path) -> torch.Tensor:
+    """(file size,) uint8: the file's bytes, read whole by one plain read, which releases the GIL while the disk
+    works. Into uninitialised memory: a bytearray is zeroed first, 50 MB under the GIL (54 ms, measured)."""
     try:
         with path.open("rb", buffering=0) as f:
             size = f.seek(0, 2)
             f.seek(0)
-            data = bytearray(size)
-            got = f.readinto(data)
+            data = torch.empty(size, dtype=torch.uint8)
+            got = f.readinto(as_buffer(data)) if size else 0
     except OSError as e:
         raise LoraError(f"{path}: unreadable ({e})") from None
     if got != size:
@@ -45,15 +49,24 @@ def read_file(path: Path) -> bytearray:
     return data
 
 
-def read_header(path: Path, data: bytearray) -> dict[str, StoredTensor]:
+def as_buffer(data: torch.Tensor) -> memoryview:
+    """A 1-D uint8 tensor's bytes as a writable buffer, nothing copied (torch tensors export no buffer)."""
+    assert data.dtype == torch.uint8 and data.dim() == 1 and data.is_contiguous()
+    if not data.numel():
+        return memoryview(bytearray())
+    return memoryview((ctypes.c_char * data.numel()).from_address(data.data_ptr())).cast("B")
+
+
+def read_header(path: Path, data: torch.Tensor) -> dict[str, StoredTensor]:
     """Tensor name -> where it lies in `data` (the whole file); LoraError for anything malformed."""
-    if len(data) < 8:
+    raw = as_buffer(data)
+    if len(raw) < 8:
         raise LoraError(f"{path}: unreadable (shorter than a safetensors header)")
-    (length,) = struct.unpack_from("<Q", data)
-    if length > len(data) - 8:
-        raise LoraError(f"{path}: unreadable (header of {length} bytes in a file of {len(data)})")
+    (length,) = struct.unpack_from("<Q", raw)
+    if length > len(raw) - 8:
+        raise LoraError(f"{path}: unreadable (header of {length} bytes in a file of {len(raw)})")
     try:
-        header = json.loads(bytes(data[8 : 8 + length]))
+        header = json.loads(bytes(raw[8 : 8 + length]))
     except ValueError as e:
         raise LoraError(f"{path}: unreadable (header is not JSON: {e})") from None
     if not isinstance(header, dict):
@@ -68,7 +81,7 @@ def read_header(path: Path, data: bytearray) -> dict[str, StoredTensor]:
         except (KeyError, TypeError, ValueError):
             raise LoraError(f"{path}: unreadable (tensor {name!r}: {info!r})") from None
         if not (isinstance(begin, int) and isinstance(end, int) and 0 <= begin and end - begin == size
-                and base + end <= len(data)):
+                and base + end <= len(raw)):
             raise LoraError(f"{path}: unreadable (tensor {name!r}'s bytes {begin}..{end} do not hold {dtype} "
                             f"{list(shape)} inside the file)")
         tensors[name] = StoredTensor(dtype, shape, base + begin)
