@@ -12,6 +12,7 @@ shape, rank and target before (a plan on unchecked shapes would be an assertion,
 from __future__ import annotations
 
 import math
+import mmap
 import struct
 from collections.abc import Sequence
 
@@ -82,8 +83,18 @@ def pack_projections(data: torch.Tensor, projections: Sequence[dict[str, list[Ta
                 plan.job(lora_pack.KIND_B, b, b_parts[-1], scale=scale)
             placed[name] = (a_part, b_parts)
         parts.append(placed)
-    out = torch.empty(max(plan.used, 1), dtype=dtype)  # (elements,) every element written by the call
+    out = _own_mapping(max(plan.used, 1), dtype)  # (elements,) every element of a view written by the call
     packer.pack(data, out, torch.tensor(plan.jobs, dtype=torch.int64).view(-1, lora_pack.JOB_FIELDS))
     views = [out[offset : offset + math.prod(shape)].view(shape) for offset, shape in plan.parts]
     return [{name: (views[a], [views[b] for b in bs]) for name, (a, bs) in layer.items()} for layer in parts]
 
+
+
+def _own_mapping(numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """(numel,) of `dtype` on pages of its own (an anonymous mmap, page aligned), returned to the system when the
+    adapter's last view goes. Not malloc: the engine keeps malloc's freed memory for a step's temporaries
+    (engine/worker/host_allocator.py: up to 32 MiB from the heap), and a 25 MB adapter buffer left on that heap
+    slowed the running streams' steps for good (baseline p99 inter-token latency 24 -> 700-1,300 ms,
+    `pageserve bench lora-load`, Zen 4); on their own pages they run as before any load."""
+    nbytes = numel * torch.tensor([], dtype=dtype).element_size()
+    return torch.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype, count=numel)
