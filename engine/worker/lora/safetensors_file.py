@@ -80,7 +80,7 @@ def read_header(path: Path, data: torch.Tensor) -> dict[str, StoredTensor]:
             size = ITEM_BYTES[dtype] * math.prod(shape)
         except (KeyError, TypeError, ValueError):
             raise LoraError(f"{path}: unreadable (tensor {name!r}: {info!r})") from None
-        if not (isinstance(begin, int) and isinstance(end, int) and 0 <= begin and end - begin == size
+        if not (isinstance(begin, int) and isinstance(end, int) and begin >= 0 and end - begin == size
                 and base + end <= len(raw)):
             raise LoraError(f"{path}: unreadable (tensor {name!r}'s bytes {begin}..{end} do not hold {dtype} "
                             f"{list(shape)} inside the file)")
