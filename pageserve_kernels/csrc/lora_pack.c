@@ -103,28 +103,40 @@ static void pack_a(const int64_t *job, const uint8_t *src, uint8_t *dst, int bf1
     }
 }
 
-/* One slice's B (n, r), times the scale in float32, into its panels, written in their own order:
-   b is scratch of n * r floats, t of one panel's. */
+/* b (n, r) floats into panels of `panel` columns, `step` k per group (1 float32, 2 bfloat16): constants at
+   each call, so a full group (the common case: every row and k inside b) is a branch-free copy. */
+static inline __attribute__((always_inline)) void panels(const float *b, int64_t n, int64_t r, uint8_t *out,
+                                                         const int64_t panel, const int64_t step, const int bf16) {
+    const int64_t np = (n + panel - 1) / panel, depth = (r + step - 1) / step * step;
+    float t[32 * 2];
+    for (int64_t p = 0; p < np; p++) {
+        const float *rows = b + p * panel * r;
+        for (int64_t k = 0; k < depth; k += step) {
+            if ((p + 1) * panel <= n && k + step <= r) {
+                for (int64_t j = 0; j < panel; j++)
+                    for (int64_t s = 0; s < step; s++) t[j * step + s] = rows[j * r + k + s];
+            } else {
+                for (int64_t j = 0; j < panel; j++)
+                    for (int64_t s = 0; s < step; s++)
+                        t[j * step + s] = (p * panel + j < n && k + s < r) ? rows[j * r + k + s] : 0.0f;
+            }
+            put(t, panel * step, panel * step, out, bf16);
+            out += panel * step * (bf16 ? 2 : 4);
+        }
+    }
+}
+
+/* One slice's B (n, r), times the scale in float32, into its panels, written in their own order (b: scratch
+   of n * r floats). */
 static void pack_b(const int64_t *job, const uint8_t *src, uint8_t *dst, int bf16, float *b) {
-    const int64_t n = job[ROWS], r = job[COLS], panel = bf16 ? 32 : 16, np = (n + panel - 1) / panel;
-    const int64_t depth = bf16 ? (r + 1) / 2 * 2 : r; /* k per panel, padded to pairs for bfloat16 */
-    float scale, t[32 * 2];
+    const int64_t n = job[ROWS], r = job[COLS];
+    float scale;
     uint32_t bits = (uint32_t)job[SCALE];
     memcpy(&scale, &bits, 4);
     widen(src + job[SRC], job[SRC_DT], n * r, b);
     for (int64_t i = 0; i < n * r; i++) b[i] = b[i] * scale;
-    uint8_t *out = dst + job[DST];
-    const int64_t step = bf16 ? 2 : 1; /* k per group of the panel: a pair for bfloat16 */
-    for (int64_t p = 0; p < np; p++)
-        for (int64_t k = 0; k < depth; k += step) {
-            for (int64_t j = 0; j < panel; j++)
-                for (int64_t s = 0; s < step; s++) {
-                    const int64_t row = p * panel + j;
-                    t[j * step + s] = (row < n && k + s < r) ? b[row * r + k + s] : 0.0f;
-                }
-            put(t, panel * step, panel * step, out, bf16);
-            out += panel * step * (bf16 ? 2 : 4);
-        }
+    if (bf16) panels(b, n, r, dst + job[DST], 32, 2, 1);
+    else panels(b, n, r, dst + job[DST], 16, 1, 0);
 }
 
 /* Every job, in order. 0, or 1 + the index of a job whose bytes fall outside src or dst (nothing after it
