@@ -149,7 +149,13 @@ def load_adapter(folder: str | Path, name: str, spec: ModelSpec, *, max_rank: in
     path = folder / "adapter_model.safetensors"
     if not path.is_file():
         raise LoraError(f"{folder}: no adapter_model.safetensors")
-    data = read_file(path)
+    with read_file(path) as data:  # the file's bytes, valid inside this block only
+        return _from_bytes(folder, name, config, path, data, spec, max_rank, dtype, device, load_id, packed)
+
+
+def _from_bytes(folder: Path, name: str, config: dict, path: Path, data: torch.Tensor, spec: ModelSpec,
+                max_rank: int, dtype: torch.dtype, device: torch.device | str, load_id: int,
+                packed: bool | None) -> LoraAdapter:
     kernel = packed is not False and torch.device(device).type == "cpu" and cpu_lora.load(dtype) is not None
     packer = lora_pack.load() if kernel and dtype in lora_pack.SERVING_DTYPES else None
     stored = read_header(path, data) if packer is not None else None
