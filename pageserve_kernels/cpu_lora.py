@@ -24,6 +24,10 @@ slice's columns and B panels' address. An adapter's table (its entries without r
 groups' tables and writes their row ranges (engine/worker/lora/batch.py). Rows are any list of the
 step's rows: a contiguous group is its range, the others their indices.
 
+At load, lora_pack.py (csrc/lora_pack.c) writes both layouts in one single-threaded C call straight from
+the adapter file's bytes; `pack_a` and `pack_b` below are the PyTorch definition of those layouts, which
+that C is tested against bit for bit, and the path where it does not load.
+
 Every element's sums run in an order fixed by K, r and the layouts alone: a row's LoRA term does not
 depend on which rows share its step. The Python layers (engine/worker/lora/batch.py) and the C++ layer
 loop (csrc/llama_layers.cpp) call the same function on the same bytes, so both paths agree bit for bit;

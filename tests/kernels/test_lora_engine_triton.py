@@ -8,16 +8,19 @@ different ranks and targets. Float32 greedy tokens must be identical.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
+import engine.core
 from engine.config import LoraConfig
 from engine.llm import LLM
 from engine.scheduling.config import SchedulerConfig
 from engine.worker import model_runner
+from engine.worker.lora.adapter import load_adapter
 from engine.worker.lora.batch import build_lora_batch
 from engine.worker.lora.device_weights import GpuLoraStep, LoraSlots, plan_gpu_step
 from shared.sampling import SamplingParams
@@ -64,6 +67,8 @@ def test_triton_lora_steps_match_the_cpu_path(tmp_path, monkeypatch: pytest.Monk
     calls = []
     real_add = GpuLoraStep.add
     monkeypatch.setattr(model_runner, "build_lora_batch", with_kernels)
+    # the plain A and B, as on CUDA: on the CPU the engine keeps only the C kernel's packed form
+    monkeypatch.setattr(engine.core, "load_adapter", functools.partial(load_adapter, packed=False))
     monkeypatch.setattr(GpuLoraStep, "add", lambda self, *a: (calls.append(a[3]), real_add(self, *a)))
     got = generate(folder, modules, prompts, loras)
     assert got == expected

@@ -12,10 +12,16 @@ becomes a slice of the fused output:
     shrink: s = x A_stack^T          A_stack = [A_q; A_k; A_v]   (r_q + r_k + r_v, H): one product
     expand: out[:, q cols] += s[:, r_q cols] B_q^T, and so on per targeted slice
 
-On the CPU, where pageserve_kernels/cpu_lora.py's kernel for the dtype loads, each stacked A and each B
-is also prepacked here, once, into the blocks and panels the kernel reads (the plain tensors stay: they
-are PyTorch's reference), and the adapter gets its entry table (the kernel's per layer and projection
-record of those addresses and the ranks): a step only stacks its adapters' tables.
+Two layouts, one per adapter, never both (an adapter's bytes are held once):
+  - CPU, where pageserve_kernels/cpu_lora.py's kernel for the dtype loads: only the blocks and panels that
+    kernel reads (ProjectionLora.a_packed, LoraSlice.panels), laid out by one single-threaded C call straight
+    from the file's bytes (packed_layout.py, pageserve_kernels/lora_pack.py: no GIL held, no torch op per
+    tensor), and the entry table (the kernel's per layer and projection record of their addresses and
+    ranks): a step only stacks its adapters' tables. A 50 MB float32 adapter, cold from disk, loads in
+    about 75 ms alone (23 of them in C), a median of 104-107 ms through a busy engine where PyTorch's
+    packing took 178 ms (`pageserve bench lora-load`, Zen 4, 2 vCPUs).
+  - CUDA, or no CPU kernel, or `packed=False` (tests' reference): the plain A and B (ProjectionLora.a,
+    LoraSlice.b), which batch.py's PyTorch products and device_weights.py's slots read.
 
 Every shape is checked against the base model's; anything this engine cannot apply exactly
 (DoRA, trained biases, extra saved modules, ranks over --max-lora-rank, MoE experts) is a
@@ -34,8 +40,13 @@ import torch
 from safetensors.torch import load as safetensors_load
 
 from engine.worker.lora.errors import LoraError
+from engine.worker.lora.packed_layout import pack_projections
+from engine.worker.lora.safetensors_file import StoredTensor, as_buffer, read_file, read_header
 from engine.worker.models.spec import ModelSpec
-from pageserve_kernels import cpu_lora
+from pageserve_kernels import cpu_lora, lora_pack
+
+Stored = torch.Tensor | StoredTensor
+"""A stored tensor as the checks see it (its shape): parsed by safetensors, or only located in the file."""
 
 
 @dataclass(frozen=True)
@@ -48,19 +59,24 @@ class LoraSlice:
     r0: int
     r1: int
     """Columns of the shrink output (the stacked A's rows) that belong to this target."""
-    b: torch.Tensor
-    """(end - start, r1 - r0): lora_B with the scale folded in."""
+    b: torch.Tensor | None
+    """(end - start, r1 - r0): lora_B with the scale folded in; None where the CPU kernel runs (panels only)."""
     panels: torch.Tensor | None = None
-    """b prepacked for pageserve_kernels/cpu_lora.py's expand (None where that kernel does not run)."""
+    """B in pageserve_kernels/cpu_lora.py's expand panels (None where that kernel does not run)."""
 
 
 @dataclass(frozen=True)
 class ProjectionLora:
-    a: torch.Tensor
-    """(sum of the slices' ranks, in): every targeted slice's lora_A, stacked."""
+    a: torch.Tensor | None
+    """(rank, in): every targeted slice's lora_A, stacked; None where the CPU kernel runs (a_packed only)."""
     slices: tuple[LoraSlice, ...]
     a_packed: torch.Tensor | None = None
-    """a in pageserve_kernels/cpu_lora.py's shrink blocks (None where that kernel does not run)."""
+    """The stacked A in pageserve_kernels/cpu_lora.py's shrink blocks (None where that kernel does not run)."""
+
+    @property
+    def rank(self) -> int:
+        """Rows of the stacked A: the slices' ranks summed (their columns of s follow one another)."""
+        return self.slices[-1].r1
 
 
 @dataclass(frozen=True)
@@ -79,14 +95,15 @@ class LoraAdapter:
 
     @property
     def dtype(self) -> torch.dtype:
-        return next(p.a.dtype for layer in self.layers for p in layer.values())
+        return next(t.dtype for layer in self.layers for p in layer.values() for t in (p.a, p.a_packed)
+                    if t is not None)
 
     @property
     def nbytes(self) -> int:
-        packed = [t for layer in self.layers for p in layer.values()
-                  for t in (p.a_packed, *(s.panels for s in p.slices)) if t is not None]
-        return sum(p.a.nbytes + sum(s.b.nbytes for s in p.slices) for layer in self.layers for p in layer.values()) \
-            + sum(t.nbytes for t in packed)
+        """Bytes of every tensor the adapter holds (plain or packed: one form, never both)."""
+        return sum(t.nbytes for layer in self.layers for p in layer.values()
+                   for t in (p.a, p.a_packed, *(s.b for s in p.slices), *(s.panels for s in p.slices))
+                   if t is not None)
 
 
 TARGET_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "qkv_proj",
@@ -124,14 +141,30 @@ def read_config(folder: Path) -> dict:
 
 
 def load_adapter(folder: str | Path, name: str, spec: ModelSpec, *, max_rank: int, dtype: torch.dtype,
-                 device: torch.device | str, load_id: int) -> LoraAdapter:
-    """Read, check and lay out one adapter; raises LoraError naming the problem."""
+                 device: torch.device | str, load_id: int, packed: bool | None = None) -> LoraAdapter:
+    """Read, check and lay out one adapter; raises LoraError naming the problem. `packed`: None lays it out
+    for the CPU kernel where that kernel runs (else plain tensors); False always plain (PyTorch's reference)."""
     folder = Path(folder)
     config = read_config(folder)
-    tensors = _read_tensors(folder)
+    path = folder / "adapter_model.safetensors"
+    if not path.is_file():
+        raise LoraError(f"{folder}: no adapter_model.safetensors")
+    with read_file(path) as data:  # the file's bytes, valid inside this block only
+        return _from_bytes(folder, name, config, path, data, spec, max_rank, dtype, device, load_id, packed)
+
+
+def _from_bytes(folder: Path, name: str, config: dict, path: Path, data: torch.Tensor, spec: ModelSpec,
+                max_rank: int, dtype: torch.dtype, device: torch.device | str, load_id: int,
+                packed: bool | None) -> LoraAdapter:
+    kernel = packed is not False and torch.device(device).type == "cpu" and cpu_lora.load(dtype) is not None
+    packer = lora_pack.load() if kernel and dtype in lora_pack.SERVING_DTYPES else None
+    stored = read_header(path, data) if packer is not None else None
+    tensors: dict[str, torch.Tensor] = {}
+    if stored is None or any(t.dtype not in lora_pack.SOURCE_DTYPES for t in stored.values()):
+        packer, tensors = None, _parse(path, data)  # PyTorch's layout (float64 or integer tensors: the checks')
     layout = target_layout(spec)
-    pairs: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
-    for key, tensor in tensors.items():
+    pairs: dict[tuple[int, str], dict[str, Stored]] = {}
+    for key, tensor in (stored if packer is not None else tensors).items():
         m = _KEY.search(key)
         if m is None:
             raise LoraError(f"{folder}: tensor {key!r} is not a LoRA A/B weight of a decoder layer's projection")
@@ -146,31 +179,33 @@ def load_adapter(folder: str | Path, name: str, spec: ModelSpec, *, max_rank: in
     if not pairs:
         raise LoraError(f"{folder}: adapter_model.safetensors holds no LoRA weights")
     alpha = float(config.get("lora_alpha", config.get("r", 8)))
-    layers: list[dict[str, list[tuple[str, torch.Tensor, torch.Tensor]]]] = [{} for _ in range(spec.num_layers)]
+    layers: list[dict[str, list[tuple[str, Stored, Stored, float]]]] = [{} for _ in range(spec.num_layers)]
     rank = 0
     for (layer, target), ab in sorted(pairs.items()):
         a, b = _checked_pair(folder, layer, target, ab, layout[target], max_rank)
         r = a.shape[0]
         rank = max(rank, r)
         scale = alpha / math.sqrt(r) if config.get("use_rslora") else alpha / r
-        b = b.float() * scale  # folded once, in float32, then rounded to the model dtype
-        layers[layer].setdefault(layout[target][0], []).append((target, a, b))
-    packed = torch.device(device).type == "cpu" and cpu_lora.load(dtype) is not None
-    built = tuple({proj: _stack(folder, targets, layout, dtype, device, packed) for proj, targets in layer.items()}
-                  for layer in layers)
-    return LoraAdapter(name, str(folder), load_id, rank, built, kernel_table(built) if packed else None)
+        _check_overlap(folder, target, layers[layer].get(layout[target][0], []), layout)
+        layers[layer].setdefault(layout[target][0], []).append((target, a, b, scale))
+    if packer is not None:
+        built = _packed(data, layers, layout, dtype, packer)
+    else:
+        built = tuple({proj: _stack(targets, layout, dtype, device, kernel) for proj, targets in layer.items()}
+                      for layer in layers)
+    return LoraAdapter(name, str(folder), load_id, rank, built, kernel_table(built) if kernel else None)
 
 
-def _checked_pair(folder: Path, layer: int, target: str, ab: dict[str, torch.Tensor],
-                  place: tuple[str, int, int, int], max_rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _checked_pair(folder: Path, layer: int, target: str, ab: dict[str, Stored],
+                  place: tuple[str, int, int, int], max_rank: int) -> tuple[Stored, Stored]:
     where = f"{folder}: layers.{layer}.{target}"
     if set(ab) != {"A", "B"}:
         raise LoraError(f"{where}: lora_{'A' if 'A' not in ab else 'B'} is missing")
     a, b = ab["A"], ab["B"]
     _, start, end, width = place
-    r = a.shape[0]
-    if a.dim() != 2 or b.dim() != 2:
+    if len(a.shape) != 2 or len(b.shape) != 2:
         raise LoraError(f"{where}: lora_A and lora_B must be matrices")
+    r = a.shape[0]
     if r > max_rank:
         raise LoraError(f"{where}: rank {r} is over --max-lora-rank {max_rank}")
     if a.shape[1] != width or tuple(b.shape) != (end - start, r):
@@ -179,47 +214,73 @@ def _checked_pair(folder: Path, layer: int, target: str, ab: dict[str, torch.Ten
     return a, b
 
 
-def _stack(folder: Path, targets: list[tuple[str, torch.Tensor, torch.Tensor]],
-           layout: dict[str, tuple[str, int, int, int]], dtype: torch.dtype, device: torch.device | str,
-           packed: bool) -> ProjectionLora:
+def _check_overlap(folder: Path, target: str, others: list[tuple[str, Stored, Stored, float]],
+                   layout: dict[str, tuple[str, int, int, int]]) -> None:
+    """q_proj beside qkv_proj: no model has both; the kernel's slices must not overlap."""
+    _, start, end, _ = layout[target]
+    for other, *_ in others:
+        if start < layout[other][2] and layout[other][1] < end:
+            raise LoraError(f"{folder}: {target} overlaps another target of the same fused projection")
+
+
+def _stack(targets: list[tuple[str, Stored, Stored, float]], layout: dict[str, tuple[str, int, int, int]],
+           dtype: torch.dtype, device: torch.device | str, kernel: bool) -> ProjectionLora:
+    """PyTorch's layout: the plain tensors (the reference; CUDA's input), or where the C kernel runs but the
+    C packer does not (a source dtype it does not read), only their packed forms."""
     slices: list[LoraSlice] = []
     r0 = 0
-    for target, a, b in targets:
+    for target, a, b, scale in targets:
+        assert isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
         _, start, end, _ = layout[target]
-        for other in slices:  # q_proj beside qkv_proj: no model has both; the kernel's slices must not overlap
-            if start < other.end and other.start < end:
-                raise LoraError(f"{folder}: {target} overlaps another target of the same fused projection")
-        b = b.to(dtype).to(device).contiguous()
-        slices.append(LoraSlice(start, end, r0, r0 + a.shape[0], b, cpu_lora.pack_b(b) if packed else None))
+        b = (b.float() * scale).to(dtype).to(device).contiguous()  # the scale folded in float32, then rounded
+        slices.append(LoraSlice(start, end, r0, r0 + a.shape[0], None if kernel else b,
+                                cpu_lora.pack_b(b) if kernel else None))
         r0 += a.shape[0]
-    stacked = torch.cat([a for _, a, _ in targets]).to(dtype).to(device).contiguous()
-    return ProjectionLora(stacked, tuple(slices), cpu_lora.pack_a(stacked) if packed else None)
+    stacked = torch.cat([a for _, a, _, _ in targets]).to(dtype).to(device).contiguous()  # type: ignore[misc]
+    return ProjectionLora(None if kernel else stacked, tuple(slices), cpu_lora.pack_a(stacked) if kernel else None)
+
+
+def _packed(data: torch.Tensor, layers: list[dict[str, list[tuple[str, Stored, Stored, float]]]],
+            layout: dict[str, tuple[str, int, int, int]], dtype: torch.dtype,
+            packer: lora_pack.LoraPacker) -> tuple[dict[str, ProjectionLora], ...]:
+    """The C kernel's layout only, straight from the file's bytes (packed_layout.py: one C call)."""
+    plans = [{proj: [(*layout[t][1:3], a, b, scale) for t, a, b, scale in targets]  # type: ignore[misc]
+              for proj, targets in layer.items()} for layer in layers]
+    views = pack_projections(data, plans, dtype, packer)
+    built = []
+    for layer, packed in zip(layers, views, strict=True):
+        projections = {}
+        for proj, targets in layer.items():
+            a_packed, panels = packed[proj]
+            slices, r0 = [], 0
+            for (target, a, _, _), p in zip(targets, panels, strict=True):
+                slices.append(LoraSlice(layout[target][1], layout[target][2], r0, r0 + a.shape[0], None, p))
+                r0 += a.shape[0]
+            projections[proj] = ProjectionLora(None, tuple(slices), a_packed)
+        built.append(projections)
+    return tuple(built)
 
 
 def kernel_table(layers: tuple[dict[str, ProjectionLora], ...]) -> torch.Tensor:
     """(layers, projections, ENTRY) int64: pageserve_kernels/cpu_lora.py's entry of each targeted projection."""
-    table = torch.zeros(len(layers), len(cpu_lora.PROJECTIONS), cpu_lora.ENTRY, dtype=torch.int64)
-    for i, layer in enumerate(layers):
-        for p, name in enumerate(cpu_lora.PROJECTIONS):
+    rows = []  # one torch.tensor at the end, not one per entry: a load's Python holds the GIL the least
+    for layer in layers:
+        for name in cpu_lora.PROJECTIONS:
             lora = layer.get(name)
-            if lora is not None:
-                assert lora.a_packed is not None
-                table[i, p] = torch.tensor(cpu_lora.entry(lora.a_packed, lora.a.shape[0], [
-                    (s.start, s.end, s.r0, s.r1, s.panels) for s in lora.slices]))  # type: ignore[misc]
-    return table
+            if lora is None:
+                rows.append([0] * cpu_lora.ENTRY)
+                continue
+            assert lora.a_packed is not None
+            rows.append(cpu_lora.entry(lora.a_packed, lora.rank, [
+                (s.start, s.end, s.r0, s.r1, s.panels) for s in lora.slices]))  # type: ignore[misc]
+    return torch.tensor(rows, dtype=torch.int64).view(len(layers), len(cpu_lora.PROJECTIONS), cpu_lora.ENTRY)
 
 
-def _read_tensors(folder: Path) -> dict[str, torch.Tensor]:
-    """The file read whole (plain reads release the GIL while the disk works), then parsed from
-    memory. safe_open's tensors page the file in from its mmap while holding the GIL, tensor by tensor: a
-    cold 50 MB adapter stalled the engine's step loop for its whole read (p99 inter-token latency of the
-    running streams 44 -> 294 ms on a Zen 4 host, `pageserve bench lora-load`)."""
-    path = folder / "adapter_model.safetensors"
-    if not path.is_file():
-        raise LoraError(f"{folder}: no adapter_model.safetensors")
+def _parse(path: Path, data: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The tensors by safetensors, from the bytes already read (not safe_open: its tensors page the file in
+    from its mmap while holding the GIL, tensor by tensor: a cold 50 MB adapter stalled the engine's step
+    loop for its whole read, p99 inter-token latency of the running streams 44 -> 294 ms on a Zen 4 host)."""
     try:
-        with path.open("rb", buffering=0) as f:
-            data = f.read()
-        return safetensors_load(data)
+        return safetensors_load(bytes(as_buffer(data)))
     except Exception as e:  # a truncated or foreign file: the reader's own words
         raise LoraError(f"{path}: unreadable ({type(e).__name__}: {e})") from None

@@ -67,6 +67,7 @@ class LoraBatch:
             lora = group.adapter.layers[layer].get(projection)
             if lora is None:
                 continue
+            assert lora.a is not None, "an adapter laid out for the C kernel only (adapter.py packed=False: plain)"
             xs = x[group.rows]  # (n, K)
             shrunk = F.linear(xs, lora.a)  # (n, r_total)
             for s in lora.slices:

@@ -36,8 +36,9 @@ def write(folder: Path, shapes: dict[tuple[int, str, str], tuple[tuple[int, int]
     return folder
 
 
-def load(folder: Path, max_rank: int = 8, load_id: int = 1):  # type: ignore[no-untyped-def]
-    return load_adapter(folder, "x", SPEC, max_rank=max_rank, dtype=torch.float32, device="cpu", load_id=load_id)
+def load(folder: Path, max_rank: int = 8, load_id: int = 1, packed: bool | None = None):  # type: ignore[no-untyped-def]
+    return load_adapter(folder, "x", SPEC, max_rank=max_rank, dtype=torch.float32, device="cpu", load_id=load_id,
+                        packed=packed)
 
 
 GOOD = {(0, "self_attn", "q_proj"): ((2, 8), (8, 2)), (0, "self_attn", "v_proj"): ((2, 8), (4, 2)),
@@ -45,8 +46,9 @@ GOOD = {(0, "self_attn", "q_proj"): ((2, 8), (8, 2)), (0, "self_attn", "v_proj")
 
 
 def test_targets_land_on_their_fused_slices_with_the_scale_folded(tmp_path: Path) -> None:
-    adapter = load(write(tmp_path / "a", GOOD))
+    adapter = load(write(tmp_path / "a", GOOD), packed=False)  # the plain layout: PyTorch's reference
     qkv = adapter.layers[0]["qkv"]
+    assert adapter.table is None and qkv.a_packed is None and qkv.a is not None
     assert qkv.a.shape == (4, 8)  # q's and v's A stacked: one shrink product
     assert [(s.start, s.end, s.r0, s.r1) for s in qkv.slices] == [(0, 8, 0, 2), (12, 16, 2, 4)]  # q | k | v
     assert set(adapter.layers[1]) == {"down"} and adapter.rank == 2

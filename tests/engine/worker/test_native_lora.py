@@ -8,6 +8,7 @@ base rows beside three adapters of different ranks and targets, rows of one adap
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,8 @@ from engine.config import LoraConfig
 from engine.llm import LLM
 from engine.scheduling.config import SchedulerConfig
 from engine.worker.input_batch import StepInputs
-from engine.worker.lora.batch import LoraBatch
+from engine.worker.lora.adapter import LoraAdapter, load_adapter
+from engine.worker.lora.batch import LoraBatch, LoraGroup
 from engine.worker.native_layers import NativeLayers
 from pageserve_kernels import cpu_lora, fused_choice, prefill_choice, torch_ops
 from shared.sampling import SamplingParams
@@ -79,12 +81,24 @@ def compared_with_python(llm: LLM, dtype: torch.dtype) -> list[tuple[bool, bool]
         seen.append((lora is not None, fast is not None))
         if fast is not None and lora is not None:
             assert lora.kernel is not None
-            reference = python(inputs, LoraBatch(lora.groups))  # PyTorch's LoRA products
+            reference = python(inputs, LoraBatch(plain_groups(lora.groups)))  # PyTorch's LoRA products
             scale = reference.abs().max()  # the sums' order differs: relative to the hidden states' size
             assert (fast - reference).abs().max() <= (1e-5 if dtype == torch.float32 else 2**-5) * scale
             slow = python(inputs, lora)  # last: the KV cache keeps the kernel path's values
             assert torch.equal(fast, slow), (fast - slow).abs().max()
         return fast
+
+    def plain_groups(groups: tuple[LoraGroup, ...]) -> tuple[LoraGroup, ...]:
+        """The groups' adapters read again in the plain layout: packed adapters keep no plain tensors."""
+        return tuple(replace(g, adapter=plain(g.adapter)) for g in groups)
+
+    plains: dict[int, LoraAdapter] = {}
+
+    def plain(adapter: LoraAdapter) -> LoraAdapter:
+        if adapter.load_id not in plains:
+            plains[adapter.load_id] = load_adapter(adapter.path, adapter.name, runner.model.shape, max_rank=64,
+                                                   dtype=dtype, device="cpu", load_id=adapter.load_id, packed=False)
+        return plains[adapter.load_id]
 
     native.forward = both  # type: ignore[method-assign]
     return seen

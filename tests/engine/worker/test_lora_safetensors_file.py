@@ -1,0 +1,33 @@
+"""engine/worker/lora/safetensors_file.py: the kept read buffer is never handed to two reads at once, and a
+header that is not safetensors is a LoraError naming the file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from engine.worker.lora.errors import LoraError
+from engine.worker.lora.safetensors_file import as_buffer, read_file, read_header
+
+
+def test_a_read_inside_another_gets_its_own_bytes(tmp_path: Path) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.write_bytes(b"x" * 100)
+    b.write_bytes(b"y" * 50)
+    with read_file(a) as outer:
+        with read_file(b) as inner:  # the kept buffer is the outer read's: this one reads into its own
+            assert bytes(as_buffer(inner)) == b"y" * 50
+        assert bytes(as_buffer(outer)) == b"x" * 100
+    with read_file(b) as again, read_file(a) as other:
+        assert bytes(as_buffer(again)) == b"y" * 50 and bytes(as_buffer(other)) == b"x" * 100
+
+
+@pytest.mark.parametrize(("content", "match"), [(b"abc", "shorter than a safetensors header"),
+                                                 ((1000).to_bytes(8, "little") + b"{}", "header of 1000 bytes"),
+                                                 ((2).to_bytes(8, "little") + b"[]", "not a JSON object")])
+def test_a_header_that_is_not_safetensors_is_named(tmp_path: Path, content: bytes, match: str) -> None:
+    path = tmp_path / "adapter_model.safetensors"
+    path.write_bytes(content)
+    with read_file(path) as data, pytest.raises(LoraError, match=match):
+        read_header(path, data)
