@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from engine.worker.lora import safetensors_file
 from engine.worker.lora.errors import LoraError
 from engine.worker.lora.safetensors_file import as_buffer, read_file, read_header
 
@@ -31,3 +32,22 @@ def test_a_header_that_is_not_safetensors_is_named(tmp_path: Path, content: byte
     path.write_bytes(content)
     with read_file(path) as data, pytest.raises(LoraError, match=match):
         read_header(path, data)
+
+
+@pytest.mark.parametrize("size", [1, 4095, 4096, 3 * 4096 + 17])
+@pytest.mark.parametrize("direct", [True, False])
+def test_direct_and_page_cache_reads_give_the_file_exactly(tmp_path: Path, size: int, direct: bool,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """O_DIRECT reads whole pages into a page-aligned buffer: the bytes past the file's end are not the file's.
+    Where a file system refuses O_DIRECT (tmpfs before Linux 6.6) the plain read serves it."""
+    if not direct:
+        monkeypatch.setattr(safetensors_file, "_read_direct", lambda path, into, size: None)
+    content = bytes(range(256)) * (size // 256) + bytes(range(size % 256))
+    for folder in [tmp_path] + ([Path("/dev/shm")] if Path("/dev/shm").is_dir() else []):
+        path = folder / f"pageserve-test-{size}.bin"
+        path.write_bytes(content)
+        try:
+            with read_file(path) as data:
+                assert data.numel() == size and bytes(as_buffer(data)) == content
+        finally:
+            path.unlink()
