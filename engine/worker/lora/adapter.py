@@ -18,7 +18,7 @@ Two layouts, one per adapter, never both (an adapter's bytes are held once):
     from the file's bytes (packed_layout.py, pageserve_kernels/lora_pack.py: no GIL held, no torch op per
     tensor), and the entry table (the kernel's per layer and projection record of their addresses and
     ranks): a step only stacks its adapters' tables. A 50 MB float32 adapter, cold from disk, loads in
-    about 75 ms alone (23 of them in C), a median of 104-107 ms through a busy engine where PyTorch's
+    about 75 ms alone (23 of them in C), a median of 101-107 ms through a busy engine where PyTorch's
     packing took 178 ms (`pageserve bench lora-load`, Zen 4, 2 vCPUs).
   - CUDA, or no CPU kernel, or `packed=False` (tests' reference): the plain A and B (ProjectionLora.a,
     LoraSlice.b), which batch.py's PyTorch products and device_weights.py's slots read.
