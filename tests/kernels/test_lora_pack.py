@@ -14,6 +14,7 @@ from safetensors.torch import save_file
 
 from engine.worker.lora.adapter import LoraAdapter, kernel_table, load_adapter
 from engine.worker.lora.errors import LoraError
+from engine.worker.lora.prefaulted_pages import Pages
 from engine.worker.models.spec import ModelSpec
 from pageserve_kernels import cpu_lora, lora_pack
 
@@ -118,3 +119,33 @@ def test_a_header_pointing_outside_the_file_is_an_error_not_a_read(tmp_path: Pat
     path.write_bytes(data[: len(data) - 4])  # the last tensor's bytes cut short
     with pytest.raises(LoraError, match=r"do not hold F32 \[.*\] inside the file"):
         load(folder, torch.float32, None)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rank", [1, 8, 41, 64])
+def test_the_layout_lands_on_the_pages_mapped_beside_the_read(tmp_path: Path, dtype: torch.dtype, rank: int,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """prefaulted_pages.bound_bytes, from the header alone, is never short of the layout (else the pages go
+    unused and a fresh mapping faults in after the read), and a load that fails its checks unmaps them."""
+    needs(dtype)
+    made: list[Pages] = []
+    taken: list[bool] = []
+    real_init, real_take = Pages.__init__, Pages.take
+
+    def init(self: Pages, nbytes: int) -> None:
+        real_init(self, nbytes)
+        made.append(self)
+
+    def take(self: Pages, nbytes: int) -> torch.Tensor | None:
+        got = real_take(self, nbytes)
+        taken.append(got is not None)
+        return got
+    monkeypatch.setattr(Pages, "__init__", init)
+    monkeypatch.setattr(Pages, "take", take)
+    folder = write(tmp_path / "a", rank, torch.float32, seed=rank)
+    c = load(folder, dtype, None)
+    assert taken == [True], taken
+    assert_same_layout(c, load(folder, dtype, False))
+    with pytest.raises(LoraError, match="over --max-lora-rank"):
+        load_adapter(folder, "x", SPEC, max_rank=rank, dtype=dtype, device="cpu", load_id=2)
+    assert len(made) == 2 and made[1]._address is None  # released: the failed load holds no pages

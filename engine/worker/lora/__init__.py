@@ -4,7 +4,9 @@
                   shrink product and each target's B (scale folded in) over its output slice;
                   checked against the base model's shapes, a LoraError (a 400) naming the problem;
                   one layout per adapter: the CPU kernel's packed form, or the plain tensors
-    safetensors_file.py  the file read whole (GIL released) and its header: each tensor's dtype, shape, offset
+    safetensors_file.py  the file read whole (O_DIRECT, GIL released) and its header: each tensor's dtype,
+                  shape, offset
+    prefaulted_pages.py  the packed buffer's pages, mapped and faulted in on a thread while the disk reads
     packed_layout.py  where a checked adapter's packed tensors lie in its one buffer (an mmap of its own),
                   filled by one C call from the file's bytes (pageserve_kernels/lora_pack.py)
     registry.py   adapter names -> loads (each load a new, never reused id: the prefix cache's key),

@@ -18,8 +18,8 @@ Two layouts, one per adapter, never both (an adapter's bytes are held once):
     from the file's bytes (packed_layout.py, pageserve_kernels/lora_pack.py: no GIL held, no torch op per
     tensor), and the entry table (the kernel's per layer and projection record of their addresses and
     ranks): a step only stacks its adapters' tables. A 50 MB float32 adapter, cold from disk, loads in
-    about 75 ms alone (23 of them in C), a median of 101-107 ms through a busy engine where PyTorch's
-    packing took 178 ms (`pageserve bench lora-load`, Zen 4, 2 vCPUs).
+    about 55 ms of the reader's time (6 of them in C, the buffer's pages faulted in beside the disk read:
+    prefaulted_pages.py), a median of 79-83 ms through a busy engine where PyTorch's packing took 178 ms (`pageserve bench lora-load`, Zen 4, 2 vCPUs).
   - CUDA, or no CPU kernel, or `packed=False` (tests' reference): the plain A and B (ProjectionLora.a,
     LoraSlice.b), which batch.py's PyTorch products and device_weights.py's slots read.
 
@@ -41,7 +41,8 @@ from safetensors.torch import load as safetensors_load
 
 from engine.worker.lora.errors import LoraError
 from engine.worker.lora.packed_layout import pack_projections
-from engine.worker.lora.safetensors_file import StoredTensor, as_buffer, read_file, read_header
+from engine.worker.lora.prefaulted_pages import Pages, bound_bytes
+from engine.worker.lora.safetensors_file import StoredTensor, as_buffer, peek_header, read_file, read_header
 from engine.worker.models.spec import ModelSpec
 from pageserve_kernels import cpu_lora, lora_pack
 
@@ -149,13 +150,29 @@ def load_adapter(folder: str | Path, name: str, spec: ModelSpec, *, max_rank: in
     path = folder / "adapter_model.safetensors"
     if not path.is_file():
         raise LoraError(f"{folder}: no adapter_model.safetensors")
-    with read_file(path) as data:  # the file's bytes, valid inside this block only
-        return _from_bytes(folder, name, config, path, data, spec, max_rank, dtype, device, load_id, packed)
+    pages = _pages_for(path, dtype, device, packed)
+    try:
+        with read_file(path) as data:  # the file's bytes, valid inside this block only
+            return _from_bytes(folder, name, config, path, data, spec, max_rank, dtype, device, load_id, packed,
+                               pages)
+    finally:
+        if pages is not None:
+            pages.release()  # nothing, if the layout took them
+
+
+def _pages_for(path: Path, dtype: torch.dtype, device: torch.device | str, packed: bool | None) -> Pages | None:
+    """The packed buffer's pages, mapped beside the file's read (prefaulted_pages.py), where the C layout will run."""
+    if packed is False or torch.device(device).type != "cpu" or dtype not in lora_pack.SERVING_DTYPES:
+        return None
+    if cpu_lora.load(dtype) is None or lora_pack.load() is None:
+        return None
+    stored = peek_header(path)
+    return None if stored is None else Pages(bound_bytes(stored, dtype))
 
 
 def _from_bytes(folder: Path, name: str, config: dict, path: Path, data: torch.Tensor, spec: ModelSpec,
                 max_rank: int, dtype: torch.dtype, device: torch.device | str, load_id: int,
-                packed: bool | None) -> LoraAdapter:
+                packed: bool | None, pages: Pages | None = None) -> LoraAdapter:
     kernel = packed is not False and torch.device(device).type == "cpu" and cpu_lora.load(dtype) is not None
     packer = lora_pack.load() if kernel and dtype in lora_pack.SERVING_DTYPES else None
     stored = read_header(path, data) if packer is not None else None
@@ -189,7 +206,7 @@ def _from_bytes(folder: Path, name: str, config: dict, path: Path, data: torch.T
         _check_overlap(folder, target, layers[layer].get(layout[target][0], []), layout)
         layers[layer].setdefault(layout[target][0], []).append((target, a, b, scale))
     if packer is not None:
-        built = _packed(data, layers, layout, dtype, packer)
+        built = _packed(data, layers, layout, dtype, packer, pages)
     else:
         built = tuple({proj: _stack(targets, layout, dtype, device, kernel) for proj, targets in layer.items()}
                       for layer in layers)
@@ -242,11 +259,11 @@ def _stack(targets: list[tuple[str, Stored, Stored, float]], layout: dict[str, t
 
 def _packed(data: torch.Tensor, layers: list[dict[str, list[tuple[str, Stored, Stored, float]]]],
             layout: dict[str, tuple[str, int, int, int]], dtype: torch.dtype,
-            packer: lora_pack.LoraPacker) -> tuple[dict[str, ProjectionLora], ...]:
+            packer: lora_pack.LoraPacker, pages: Pages | None) -> tuple[dict[str, ProjectionLora], ...]:
     """The C kernel's layout only, straight from the file's bytes (packed_layout.py: one C call)."""
     plans = [{proj: [(*layout[t][1:3], a, b, scale) for t, a, b, scale in targets]  # type: ignore[misc]
               for proj, targets in layer.items()} for layer in layers]
-    views = pack_projections(data, plans, dtype, packer)
+    views = pack_projections(data, plans, dtype, packer, pages)
     built = []
     for layer, packed in zip(layers, views, strict=True):
         projections = {}

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 import torch
 
+from engine.worker.lora.prefaulted_pages import Pages
 from engine.worker.lora.safetensors_file import StoredTensor
 from pageserve_kernels import cpu_lora, lora_pack
 from pageserve_kernels.cpu_gemm import PANEL
@@ -63,9 +64,11 @@ class _Plan:
 
 
 def pack_projections(data: torch.Tensor, projections: Sequence[dict[str, list[Target]]], dtype: torch.dtype,
-                     packer: lora_pack.LoraPacker) -> list[dict[str, tuple[torch.Tensor, list[torch.Tensor]]]]:
+                     packer: lora_pack.LoraPacker, pages: Pages | None = None
+                     ) -> list[dict[str, tuple[torch.Tensor, list[torch.Tensor]]]]:
     """Per layer, projection -> (its stacked A packed, each target's B panels in order), all views of one
-    buffer filled from `data` ((file size,) uint8: the file) by one C call."""
+    buffer filled from `data` ((file size,) uint8: the file) by one C call; the buffer on `pages` (mapped and
+    faulted in while the file was read) where they are enough."""
     plan = _Plan(dtype)
     parts: list[dict[str, tuple[int, list[int]]]] = []
     for layer in projections:
@@ -83,18 +86,21 @@ def pack_projections(data: torch.Tensor, projections: Sequence[dict[str, list[Ta
                 plan.job(lora_pack.KIND_B, b, b_parts[-1], scale=scale)
             placed[name] = (a_part, b_parts)
         parts.append(placed)
-    out = _own_mapping(max(plan.used, 1), dtype)  # (elements,) every element of a view written by the call
+    out = _own_mapping(max(plan.used, 1), dtype, pages)  # (elements,) every element of a view written by the call
     packer.pack(data, out, torch.tensor(plan.jobs, dtype=torch.int64).view(-1, lora_pack.JOB_FIELDS))
     views = [out[offset : offset + math.prod(shape)].view(shape) for offset, shape in plan.parts]
     return [{name: (views[a], [views[b] for b in bs]) for name, (a, bs) in layer.items()} for layer in parts]
 
 
 
-def _own_mapping(numel: int, dtype: torch.dtype) -> torch.Tensor:
+def _own_mapping(numel: int, dtype: torch.dtype, pages: Pages | None = None) -> torch.Tensor:
     """(numel,) of `dtype` on pages of its own (an anonymous mmap, page aligned), returned to the system when the
     adapter's last view goes. Not malloc: the engine keeps malloc's freed memory for a step's temporaries
     (engine/worker/host_allocator.py: up to 32 MiB from the heap), and a 25 MB adapter buffer left on that heap
     slowed the running streams' steps for good (baseline p99 inter-token latency 24 -> 700-1,300 ms,
     `pageserve bench lora-load`, Zen 4); on their own pages they run as before any load."""
     nbytes = numel * torch.tensor([], dtype=dtype).element_size()
+    taken = pages.take(nbytes) if pages is not None else None
+    if taken is not None:
+        return taken.view(dtype)
     return torch.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype, count=numel)

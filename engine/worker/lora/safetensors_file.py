@@ -114,9 +114,11 @@ def as_buffer(data: torch.Tensor) -> memoryview:
     return memoryview((ctypes.c_char * data.numel()).from_address(data.data_ptr())).cast("B")
 
 
-def read_header(path: Path, data: torch.Tensor) -> dict[str, StoredTensor]:
-    """Tensor name -> where it lies in `data` (the whole file); LoraError for anything malformed."""
+def read_header(path: Path, data: torch.Tensor, file_size: int | None = None) -> dict[str, StoredTensor]:
+    """Tensor name -> where it lies in `data` (the whole file, or its first bytes with the file's `file_size`);
+    LoraError for anything malformed."""
     raw = as_buffer(data)
+    file_bytes = len(raw) if file_size is None else file_size
     if len(raw) < 8:
         raise LoraError(f"{path}: unreadable (shorter than a safetensors header)")
     (length,) = struct.unpack_from("<Q", raw)
@@ -138,8 +140,24 @@ def read_header(path: Path, data: torch.Tensor) -> dict[str, StoredTensor]:
         except (KeyError, TypeError, ValueError):
             raise LoraError(f"{path}: unreadable (tensor {name!r}: {info!r})") from None
         if not (isinstance(begin, int) and isinstance(end, int) and begin >= 0 and end - begin == size
-                and base + end <= len(raw)):
+                and base + end <= file_bytes):
             raise LoraError(f"{path}: unreadable (tensor {name!r}'s bytes {begin}..{end} do not hold {dtype} "
                             f"{list(shape)} inside the file)")
         tensors[name] = StoredTensor(dtype, shape, base + begin)
     return tensors
+
+
+def peek_header(path: Path) -> dict[str, StoredTensor] | None:
+    """The header alone, by a small read before the file is read whole (prefaulted_pages.py sizes the packed
+    buffer by it); None for anything unusual (the whole read then reports it)."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(1 << 16)
+            (length,) = struct.unpack_from("<Q", head) if len(head) >= 8 else (1 << 62,)
+            if 8 + length > len(head):
+                head += f.read(8 + length - len(head)) if length < (1 << 27) else b""
+        data = torch.frombuffer(bytearray(head), dtype=torch.uint8)
+        stored = read_header(path, data, file_size=path.stat().st_size)
+    except (OSError, LoraError):
+        return None
+    return stored
