@@ -46,7 +46,8 @@ static float f16_to_f32(uint16_t h) {
     return f;
 }
 
-/* c10::BFloat16's round to nearest even, NaN to 0x7fc0: PyTorch's to(torch.bfloat16) exactly. */
+/* c10::BFloat16's round to nearest even, NaN to 0x7fc0: PyTorch's to(torch.bfloat16) exactly (bf16_elem.h's
+   f32_to_bf16 keeps a NaN's payload instead: the packed A and B must equal pack_a/pack_b of PyTorch's casts). */
 static uint16_t f32_to_bf16(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);
