@@ -36,6 +36,7 @@ Pure Python: no clock of its own (the scheduler passes `now`), no torch.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -95,12 +96,10 @@ class SloPlanner:
             return max(MIN_PROMPT_TOKENS, int((seconds - decode_s - fixed) // per_token))
 
         fixed, per_token = cost
-        bound_s = max(self.itl_target_s, costs.stall_factor * decode_s)  # a big model's 2x step passes it
-        if self.stall_limit:  # routine lifts held to stall_limit decode steps (and the target)
-            routine_s = min(self.stall_limit * decode_s, bound_s) if self.itl_target_s else self.stall_limit * decode_s
-        else:  # no routine bound: a deadline lifts a step up to the ITL target (with none, the whole due)
-            routine_s = bound_s if self.itl_target_s else float("inf")
-        routine = fitting(routine_s) if routine_s != float("inf") else 1 << 30
+        routine_s = self.stall_limit * decode_s if self.stall_limit else math.inf  # off: up to the target
+        if self.itl_target_s:  # the target binds unless a big model's stall-factor step alone passes it
+            routine_s = min(routine_s, max(self.itl_target_s, costs.stall_factor * decode_s))
+        routine = fitting(routine_s) if routine_s < math.inf else 1 << 30  # no bound at all: the whole due
         longest = max(routine, fitting(self.itl_target_s))
         if self.itl_target_s >= costs.stall_factor * decode_s:  # a target this host can keep bounds the floors too
             floor = min(floor, longest)

@@ -101,12 +101,12 @@ def serving_prefill_budget(config: SchedulerConfig, running: list[Request], wait
     Only prompts that have waited BACKLOG_AGE_S by `now` (`live`: when each was queued) count toward the
     backlog: a queue that outlives that is a saturated server's, a younger burst is the deadlines'."""
     cap = config.max_prefill_tokens_while_decoding
-    generating = sum(r.num_computed_tokens >= r.num_prompt_tokens for r in running)
+    generating = [r for r in running if r.num_computed_tokens >= r.num_prompt_tokens]
     if not cap or not generating:
         return None
-    if wave_ends_soon(running):
+    if wave_ends_soon(generating):
         return 0  # every generating stream ends within WAVE_STEPS steps: the prompts start as they go
-    if costs.stale(generating):
+    if costs.stale(len(generating)):
         return 0  # this step measures what a decode step of the grown (or shrunk) batch takes
     prefilling = [r for r in running if r.num_computed_tokens < r.num_prompt_tokens]
     backlog = _backlog(waiting, prefilling, now, live) if costs.backlog_drain_s > 0 else 0
@@ -119,11 +119,10 @@ def serving_prefill_budget(config: SchedulerConfig, running: list[Request], wait
     return slo.prompt_tokens(costs, due, now, budget, config.max_num_batched_tokens)
 
 
-def wave_ends_soon(running: list[Request]) -> bool:
+def wave_ends_soon(generating: list[Request]) -> bool:
     """Whether every generating stream reaches its max_tokens within WAVE_STEPS steps (an EOS only ends it
     sooner). A prompt step now would stall streams that are about to end; a few decode steps later it stalls
     none, and the prompts whose clients were waiting on those streams (a closed loop) join it."""
-    generating = [r for r in running if r.num_computed_tokens >= r.num_prompt_tokens]
     return bool(generating) and all(r.sampling.max_tokens - r.num_output_tokens <= WAVE_STEPS for r in generating)
 
 
