@@ -12,6 +12,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+import engine.worker.lora.adapter as adapter_module
+from engine.worker.lora import safetensors_file
 from engine.worker.lora.adapter import LoraAdapter, kernel_table, load_adapter
 from engine.worker.lora.errors import LoraError
 from engine.worker.lora.prefaulted_pages import Pages
@@ -125,7 +127,7 @@ def test_a_header_pointing_outside_the_file_is_an_error_not_a_read(tmp_path: Pat
 @pytest.mark.parametrize("rank", [1, 8, 41, 64])
 def test_the_layout_lands_on_the_pages_mapped_beside_the_read(tmp_path: Path, dtype: torch.dtype, rank: int,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    """prefaulted_pages.bound_bytes, from the header alone, is never short of the layout (else the pages go
+    """packed_layout.bound_bytes, from the header alone, is never short of the layout (else the pages go
     unused and a fresh mapping faults in after the read), and a load that fails its checks unmaps them."""
     needs(dtype)
     made: list[Pages] = []
@@ -140,11 +142,20 @@ def test_the_layout_lands_on_the_pages_mapped_beside_the_read(tmp_path: Path, dt
         got = real_take(self, nbytes)
         taken.append(got is not None)
         return got
+    parsed: list[object] = []
+    real_header = safetensors_file.read_header
+
+    def counted_header(*args: object, **kwargs: object) -> object:
+        parsed.append(args[0])
+        return real_header(*args, **kwargs)  # type: ignore[arg-type]
     monkeypatch.setattr(Pages, "__init__", init)
     monkeypatch.setattr(Pages, "take", take)
+    monkeypatch.setattr(safetensors_file, "read_header", counted_header)
+    monkeypatch.setattr(adapter_module, "read_header", counted_header)
     folder = write(tmp_path / "a", rank, torch.float32, seed=rank)
     c = load(folder, dtype, None)
     assert taken == [True], taken
+    assert len(parsed) == 1  # the header read before the file is the one used: parsed once a load
     assert_same_layout(c, load(folder, dtype, False))
     with pytest.raises(LoraError, match="over --max-lora-rank"):
         load_adapter(folder, "x", SPEC, max_rank=rank, dtype=dtype, device="cpu", load_id=2)

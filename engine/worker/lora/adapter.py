@@ -40,9 +40,16 @@ import torch
 from safetensors.torch import load as safetensors_load
 
 from engine.worker.lora.errors import LoraError
-from engine.worker.lora.packed_layout import pack_projections
-from engine.worker.lora.prefaulted_pages import Pages, bound_bytes
-from engine.worker.lora.safetensors_file import StoredTensor, as_buffer, peek_header, read_file, read_header
+from engine.worker.lora.packed_layout import bound_bytes, pack_projections
+from engine.worker.lora.prefaulted_pages import Pages
+from engine.worker.lora.safetensors_file import (
+    Header,
+    StoredTensor,
+    as_buffer,
+    peek_header,
+    read_file,
+    read_header,
+)
 from engine.worker.models.spec import ModelSpec
 from pageserve_kernels import cpu_lora, lora_pack
 
@@ -150,32 +157,38 @@ def load_adapter(folder: str | Path, name: str, spec: ModelSpec, *, max_rank: in
     path = folder / "adapter_model.safetensors"
     if not path.is_file():
         raise LoraError(f"{folder}: no adapter_model.safetensors")
-    pages = _pages_for(path, dtype, device, packed)
+    kernel = packed is not False and torch.device(device).type == "cpu" and cpu_lora.load(dtype) is not None
+    packer = lora_pack.load() if kernel and dtype in lora_pack.SERVING_DTYPES else None
+    header = peek_header(path) if packer is not None else None  # sizes the pages; parsed once
+    route = _Route(kernel, packer, header, Pages(bound_bytes(header.tensors, dtype)) if header else None)
     try:
         with read_file(path) as data:  # the file's bytes, valid inside this block only
-            return _from_bytes(folder, name, config, path, data, spec, max_rank, dtype, device, load_id, packed,
-                               pages)
+            return _from_bytes(folder, name, config, path, data, spec, max_rank, dtype, device, load_id, route)
     finally:
-        if pages is not None:
-            pages.release()  # nothing, if the layout took them
+        if route.pages is not None:
+            route.pages.release()  # nothing, if the layout took them
 
 
-def _pages_for(path: Path, dtype: torch.dtype, device: torch.device | str, packed: bool | None) -> Pages | None:
-    """The packed buffer's pages, mapped beside the file's read (prefaulted_pages.py), where the C layout will run."""
-    if packed is False or torch.device(device).type != "cpu" or dtype not in lora_pack.SERVING_DTYPES:
-        return None
-    if cpu_lora.load(dtype) is None or lora_pack.load() is None:
-        return None
-    stored = peek_header(path)
-    return None if stored is None else Pages(bound_bytes(stored, dtype))
+@dataclass(frozen=True)
+class _Route:
+    """Where one load's tensors go, decided once before the file is read."""
+
+    kernel: bool
+    """The CPU kernel runs: only the packed forms are kept."""
+    packer: lora_pack.LoraPacker | None
+    """The C layout lays them out from the file's bytes (None: PyTorch's packing or plain tensors)."""
+    header: Header | None
+    """The header as read before the file, reused where the file's bytes still begin with it."""
+    pages: Pages | None
+    """The packed buffer's pages, mapped beside the file's read (prefaulted_pages.py)."""
 
 
 def _from_bytes(folder: Path, name: str, config: dict, path: Path, data: torch.Tensor, spec: ModelSpec,
                 max_rank: int, dtype: torch.dtype, device: torch.device | str, load_id: int,
-                packed: bool | None, pages: Pages | None = None) -> LoraAdapter:
-    kernel = packed is not False and torch.device(device).type == "cpu" and cpu_lora.load(dtype) is not None
-    packer = lora_pack.load() if kernel and dtype in lora_pack.SERVING_DTYPES else None
-    stored = read_header(path, data) if packer is not None else None
+                route: _Route) -> LoraAdapter:
+    kernel, packer, stored = route.kernel, route.packer, None
+    if packer is not None:
+        stored = route.header.tensors if route.header and route.header.describes(data) else read_header(path, data)
     tensors: dict[str, torch.Tensor] = {}
     if stored is None or any(t.dtype not in lora_pack.SOURCE_DTYPES for t in stored.values()):
         packer, tensors = None, _parse(path, data)  # PyTorch's layout (float64 or integer tensors: the checks')
@@ -206,7 +219,7 @@ def _from_bytes(folder: Path, name: str, config: dict, path: Path, data: torch.T
         _check_overlap(folder, target, layers[layer].get(layout[target][0], []), layout)
         layers[layer].setdefault(layout[target][0], []).append((target, a, b, scale))
     if packer is not None:
-        built = _packed(data, layers, layout, dtype, packer, pages)
+        built = _packed(data, layers, layout, dtype, packer, route.pages)
     else:
         built = tuple({proj: _stack(targets, layout, dtype, device, kernel) for proj, targets in layer.items()}
                       for layer in layers)

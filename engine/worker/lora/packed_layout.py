@@ -12,13 +12,12 @@ shape, rank and target before (a plan on unchecked shapes would be an assertion,
 from __future__ import annotations
 
 import math
-import mmap
 import struct
 from collections.abc import Sequence
 
 import torch
 
-from engine.worker.lora.prefaulted_pages import Pages
+from engine.worker.lora.prefaulted_pages import Pages, mapped
 from engine.worker.lora.safetensors_file import StoredTensor
 from pageserve_kernels import cpu_lora, lora_pack
 from pageserve_kernels.cpu_gemm import PANEL
@@ -63,6 +62,17 @@ class _Plan:
                           self.parts[part][0] * self.item, row0, total, bits])
 
 
+def bound_bytes(stored: dict[str, StoredTensor], dtype: torch.dtype) -> int:
+    """At least the bytes pack_projections lays these tensors out in, from the header alone (nothing checked
+    yet): each lora_A as a stack of its own (a stack pads its rows once, so no more), each other tensor as B
+    panels, every part aligned as the plan aligns it, and one alignment more for where the parts' order differs."""
+    plan = _Plan(dtype)
+    for name, tensor in stored.items():
+        rows, cols = (tensor.shape + (1, 1))[:2]
+        plan.part(a_shape(rows, cols, dtype) if "lora_A" in name else panels_shape(rows, cols, dtype))
+    return plan.used * plan.item + lora_pack.ALIGN
+
+
 def pack_projections(data: torch.Tensor, projections: Sequence[dict[str, list[Target]]], dtype: torch.dtype,
                      packer: lora_pack.LoraPacker, pages: Pages | None = None
                      ) -> list[dict[str, tuple[torch.Tensor, list[torch.Tensor]]]]:
@@ -92,15 +102,9 @@ def pack_projections(data: torch.Tensor, projections: Sequence[dict[str, list[Ta
     return [{name: (views[a], [views[b] for b in bs]) for name, (a, bs) in layer.items()} for layer in parts]
 
 
-
 def _own_mapping(numel: int, dtype: torch.dtype, pages: Pages | None = None) -> torch.Tensor:
-    """(numel,) of `dtype` on pages of its own (an anonymous mmap, page aligned), returned to the system when the
-    adapter's last view goes. Not malloc: the engine keeps malloc's freed memory for a step's temporaries
-    (engine/worker/host_allocator.py: up to 32 MiB from the heap), and a 25 MB adapter buffer left on that heap
-    slowed the running streams' steps for good (baseline p99 inter-token latency 24 -> 700-1,300 ms,
-    `pageserve bench lora-load`, Zen 4); on their own pages they run as before any load."""
+    """(numel,) of `dtype` on pages of its own (prefaulted_pages.py: never malloc's heap), returned to the system
+    when the adapter's last view goes: `pages` where they are enough, else fresh ones."""
     nbytes = numel * torch.tensor([], dtype=dtype).element_size()
     taken = pages.take(nbytes) if pages is not None else None
-    if taken is not None:
-        return taken.view(dtype)
-    return torch.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype, count=numel)
+    return (taken if taken is not None else mapped(nbytes)[:nbytes]).view(dtype)

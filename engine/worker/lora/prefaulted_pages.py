@@ -3,10 +3,11 @@
 A fresh 25 MB anonymous mapping costs ~9 ms of page faults and zeroing on first touch (Zen 4, 2 vCPUs):
 inside the C layout call (packed_layout.py), that was 15 of its 22 ms per 50 MB adapter, after the read.
 The header (a small read, safetensors_file.peek_header) bounds the packed size before the file is read
-(bound_bytes), so the mapping is made with MAP_POPULATE beside the O_DIRECT read, which leaves the CPU idle
-while the disk works; the unused tail is unmapped when the exact size is known. mmap/munmap through ctypes,
-which releases the GIL for the call (Python's mmap module holds it while populating). Knows nothing about LoRA
-beyond the layout's bounds.
+(packed_layout.bound_bytes), so the mapping is made with MAP_POPULATE beside the O_DIRECT read, which leaves the
+CPU idle while the disk works; the unused tail is unmapped when the exact size is known. mmap/munmap through
+ctypes, which releases the GIL for the call (Python's mmap module holds it while populating). `mapped` is the
+same memory faulted in on first touch (the read buffer's, and the layout's where no Pages were made). Knows
+nothing about LoRA.
 """
 
 from __future__ import annotations
@@ -19,10 +20,6 @@ import weakref
 
 import torch
 
-from engine.worker.lora.safetensors_file import StoredTensor
-from pageserve_kernels import cpu_lora, lora_pack
-from pageserve_kernels.cpu_gemm import PANEL
-
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mmap.restype, _libc.mmap.argtypes = ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
                                                             ctypes.c_int, ctypes.c_int, ctypes.c_long]
@@ -31,19 +28,13 @@ _FAILED = ctypes.c_void_p(-1).value
 PAGE = mmap.PAGESIZE
 
 
-def bound_bytes(stored: dict[str, StoredTensor], dtype: torch.dtype) -> int:
-    """At least the packed layout's bytes (packed_layout.pack_projections) for these tensors: each A padded to
-    4 rows and one vector of k by itself (a stack pads once), each B to whole panels, each part aligned."""
-    w, panel, item = cpu_lora.A_BLOCK[dtype], PANEL[dtype], torch.tensor([], dtype=dtype).element_size()
-    total = 0
-    for name, t in stored.items():
-        rows, cols = (t.shape + (1, 1))[:2]
-        if "lora_A" in name:
-            total += -(-rows // 4) * 4 * -(-cols // w) * w
-        else:
-            total += -(-rows // panel) * panel * (-(-cols // 2) * 2 if dtype == torch.bfloat16 else cols)
-        total = -(-total * item // lora_pack.ALIGN) * lora_pack.ALIGN // item  # each part starts aligned
-    return total * item + lora_pack.ALIGN
+def mapped(nbytes: int) -> torch.Tensor:
+    """(nbytes rounded up to whole pages,) uint8 on anonymous pages of its own, page aligned, unmapped when its
+    last view goes; faulted in on first touch. Not malloc: the engine keeps malloc's freed memory for a step's
+    temporaries (engine/worker/host_allocator.py: up to 32 MiB from the heap), and a 25 MB adapter buffer left
+    on that heap slowed the running streams' steps for good (baseline p99 inter-token latency 24 -> 700-1,300
+    ms, `pageserve bench lora-load`, Zen 4); on their own pages they run as before any load."""
+    return torch.frombuffer(mmap.mmap(-1, max(PAGE, math.ceil(nbytes / PAGE) * PAGE)), dtype=torch.uint8)
 
 
 class Pages:

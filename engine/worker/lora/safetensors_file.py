@@ -14,7 +14,6 @@ import contextlib
 import ctypes
 import json
 import math
-import mmap
 import os
 import struct
 import threading
@@ -25,6 +24,7 @@ from pathlib import Path
 import torch
 
 from engine.worker.lora.errors import LoraError
+from engine.worker.lora.prefaulted_pages import PAGE, mapped
 
 ITEM_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
 
@@ -63,7 +63,7 @@ def _read(path: Path, kept: list[torch.Tensor]) -> torch.Tensor:
         size = path.stat().st_size
         room = -(-size // PAGE) * PAGE
         if not kept or kept[0].numel() < room:
-            kept[:] = [_pages(room)]
+            kept[:] = [mapped(room)]  # page aligned, as O_DIRECT reads need
         got = _read_direct(path, kept[0][:room], size)
         if got is None:  # a file system without O_DIRECT (tmpfs): through the page cache
             with path.open("rb", buffering=0) as f:
@@ -73,15 +73,6 @@ def _read(path: Path, kept: list[torch.Tensor]) -> torch.Tensor:
     if got != size:
         raise LoraError(f"{path}: read {got} of {size} bytes (the file changed while read)")
     return kept[0][:size]
-
-
-PAGE = 4096
-
-
-def _pages(size: int) -> torch.Tensor:
-    """(size,) uint8 on page-aligned anonymous memory of its own (O_DIRECT reads need the alignment)."""
-    region = mmap.mmap(-1, max(size, PAGE))
-    return torch.frombuffer(region, dtype=torch.uint8)  # keeps `region` alive
 
 
 def _read_direct(path: Path, into: torch.Tensor, size: int) -> int | None:
@@ -147,17 +138,31 @@ def read_header(path: Path, data: torch.Tensor, file_size: int | None = None) ->
     return tensors
 
 
-def peek_header(path: Path) -> dict[str, StoredTensor] | None:
-    """The header alone, by a small read before the file is read whole (prefaulted_pages.py sizes the packed
-    buffer by it); None for anything unusual (the whole read then reports it)."""
+@dataclass(frozen=True)
+class Header:
+    """A file's header read before the file itself (peek_header), to be reused for the whole read's bytes."""
+
+    tensors: dict[str, StoredTensor]
+    raw: bytes
+    """The file's first bytes: the header's length and its JSON."""
+    file_size: int
+
+    def describes(self, data: torch.Tensor) -> bool:
+        """Whether `data` (the whole file, read since) has this header and size: the file did not change."""
+        return data.numel() == self.file_size and bytes(as_buffer(data)[: len(self.raw)]) == self.raw
+
+
+def peek_header(path: Path) -> Header | None:
+    """The header alone, by a small read before the file is read whole (the packed buffer is sized by it,
+    prefaulted_pages.py); None for anything unusual (the whole read then reports it)."""
     try:
         with path.open("rb") as f:
+            size = os.fstat(f.fileno()).st_size
             head = f.read(1 << 16)
             (length,) = struct.unpack_from("<Q", head) if len(head) >= 8 else (1 << 62,)
             if 8 + length > len(head):
                 head += f.read(8 + length - len(head)) if length < (1 << 27) else b""
-        data = torch.frombuffer(bytearray(head), dtype=torch.uint8)
-        stored = read_header(path, data, file_size=path.stat().st_size)
+        tensors = read_header(path, torch.frombuffer(bytearray(head), dtype=torch.uint8), file_size=size)
     except (OSError, LoraError):
         return None
-    return stored
+    return Header(tensors, head[: 8 + length], size)

@@ -6,10 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import save_file
 
 from engine.worker.lora import safetensors_file
 from engine.worker.lora.errors import LoraError
-from engine.worker.lora.safetensors_file import as_buffer, read_file, read_header
+from engine.worker.lora.safetensors_file import as_buffer, peek_header, read_file, read_header
 
 
 def test_a_read_inside_another_gets_its_own_bytes(tmp_path: Path) -> None:
@@ -51,3 +53,20 @@ def test_direct_and_page_cache_reads_give_the_file_exactly(tmp_path: Path, size:
                 assert data.numel() == size and bytes(as_buffer(data)) == content
         finally:
             path.unlink()
+
+
+def test_a_peeked_header_describes_the_file_only_while_it_is_unchanged(tmp_path: Path) -> None:
+    """The header read before the file is reused only for the same bytes: a file rewritten in between (another
+    layout, or the same header over another size) is parsed again from what was read."""
+    path = tmp_path / "adapter_model.safetensors"
+    save_file({"a": torch.zeros(2, 3)}, str(path))
+    header = peek_header(path)
+    assert header is not None and set(header.tensors) == {"a"}
+    with read_file(path) as data:
+        assert header.describes(data)
+    save_file({"a": torch.zeros(3, 2)}, str(path))  # same size, another shape
+    with read_file(path) as data:
+        assert not header.describes(data)
+    save_file({"a": torch.zeros(2, 3), "b": torch.zeros(1)}, str(path))
+    with read_file(path) as data:
+        assert not header.describes(data)
