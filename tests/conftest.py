@@ -5,7 +5,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.support import ast_parse_retry
 from tests.support.redis_server import redis_server
+
+ast_parse_retry.install()
 
 # Triton reads TRITON_INTERPRET when a kernel is decorated (module import): set it before any test module
 # imports a kernel, so every kernel in this session is interpreted (tests/kernels/conftest.py explains;
