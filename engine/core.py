@@ -38,7 +38,7 @@ from engine.worker.lora.evicted_reads import EvictedReads
 from engine.worker.lora.figures import lora_figures
 from engine.worker.lora.reader import LoraReader
 from engine.worker.lora.registry import LoraRegistry
-from engine.worker.model_loader import DTYPES, load_model
+from engine.worker.model_loader import DTYPES, load_model, memory_reserve
 from engine.worker.model_runner import ModelRunner
 from engine.worker.models.spec import ModelSpec
 from engine.worker.native_layers import NativeLayers
@@ -77,7 +77,8 @@ class EngineCore:
 
     def _build(self, config: EngineConfig) -> None:
         parallel = self.parallel
-        loaded = load_model(config.model, shard=parallel.shard if parallel else None)
+        loaded = load_model(config.model, shard=parallel.shard if parallel else None,
+                            reserve_bytes=memory_reserve(config.cache), ranks=config.tensor_parallel_size)
         dtype = DTYPES[loaded.dtype]
         layout = CacheLayout.from_budget(config.cache, loaded.shape, dtype)
         # The context is the smallest of the model's positions, the model flag, and the scheduler's.

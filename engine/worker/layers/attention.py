@@ -139,9 +139,13 @@ class Attention(nn.Module):
         self.qkv_packed: Packed | None = None
         self.o_packed: Packed | None = None
 
-    def pack_weights(self) -> None:
+    def projection_weights(self) -> list[torch.Tensor]:
+        """The weights pack_weights packs."""
+        return [self.qkv_weight, self.o_weight]
+
+    def pack_weights(self, one_copy: bool = False) -> None:
         """Prepack the projections once the weights are loaded (engine/worker/layers/linear.py)."""
-        self.qkv_packed, self.o_packed = pack_in_place(self.qkv_weight), pack_in_place(self.o_weight)
+        self.qkv_packed, self.o_packed = pack_in_place(self.qkv_weight, one_copy), pack_in_place(self.o_weight, one_copy)
 
     def forward(
         self,

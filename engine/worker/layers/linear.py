@@ -13,7 +13,10 @@ disk per host:
   - "torch": F.linear (MKL for float32): the fallback everywhere.
 A second packed copy (it costs the weight's memory again) is kept only for a candidate at
 least SWITCH_GAIN faster than the main path in some bucket; each bucket then runs the
-fastest of the copies kept.
+fastest of the copies kept. Where memory is short the model packs every weight on one layout
+(`one_copy`, decided for the whole model in engine/worker/models/decoder.py): at 1.7B parameters
+in bfloat16 on an AMD EPYC Zen 4 every projection kept panels for 1-4 rows and oneDNN's layout
+from 16 up, 5.6 GB of weights instead of 2.8.
 PAGESERVE_KERNEL_CHOICE=linear=<name> forces one path. This module knows nothing
 about which weights it multiplies.
 """
@@ -78,27 +81,54 @@ def candidates(dtype: torch.dtype) -> list[str]:
     return names
 
 
-def pack(weight: torch.Tensor) -> Packed | None:
-    """The weight's plan, or None where F.linear is the only path (other devices)."""
+def pack(weight: torch.Tensor, one_copy: bool = False) -> Packed | None:
+    """The weight's plan, or None where F.linear is the only path (other devices). `one_copy`: every bucket
+    on the layout most buckets use (one_layout), so the weight is held once."""
+    impls = _impls(weight)
+    if impls is None:
+        return None
+    if one_copy:
+        impls = one_layout(impls)
+    packed = {layout: _pack_as(layout, weight) for layout in {layout_of(name) for name in impls}}
+    return LinearPlan(_upper_rows(), impls, packed)
+
+
+def pack_in_place(weight: torch.Tensor, one_copy: bool = False) -> Packed | None:
+    """pack(weight), and the raw weight's memory freed where no row bucket reads it (every bucket runs a
+    packed copy): the weight's bytes once instead of twice. Its dtype stays, its elements go; call once,
+    after loading (engine/worker/model_loader.py). A weight that is also read elsewhere (a tied lm_head,
+    the embedding) must use `pack` instead."""
+    plan = pack(weight, one_copy)
+    if plan is not None and "torch" not in plan.impls:
+        weight.data = weight.data.new_empty(0)
+    return plan
+
+
+def second_copy_bytes(weight: torch.Tensor) -> int:
+    """What packing `weight` costs beyond one copy of it: its bytes once per layout past the first (the raw
+    weight counts as one where a bucket multiplies it). Times the candidates if this shape was not yet."""
+    impls = _impls(weight)
+    return 0 if impls is None else weight.nbytes * (len({layout_of(name) for name in impls}) - 1)
+
+
+def one_layout(impls: tuple[str, ...]) -> tuple[str, ...]:
+    """The plan on one packed copy: the layout most buckets use keeps its buckets, and the others take its
+    most-picked implementation (ties: the prompt buckets' layout)."""
+    layouts = [layout_of(name) for name in impls]
+    main = max(set(layouts), key=lambda layout: (layouts.count(layout), layout == layouts[-1]))
+    on_main = [name for name in impls if layout_of(name) == main]
+    fallback = max(set(on_main), key=on_main.count)
+    return tuple(name if layout_of(name) == main else fallback for name in impls)
+
+
+def _impls(weight: torch.Tensor) -> tuple[str, ...] | None:
+    """Each row bucket's implementation for this weight's shape (chosen once a process), or None off the CPU."""
     if weight.device.type != "cpu" or weight.dim() != 2:
         return None
     key = (weight.shape[0], weight.shape[1], weight.dtype)
     if key not in _PLANS:
         _PLANS[key] = choose_impls(weight.shape[0], weight.shape[1], weight.dtype)
-    impls = _PLANS[key]
-    packed = {layout: _pack_as(layout, weight) for layout in {layout_of(name) for name in impls}}
-    return LinearPlan(_upper_rows(), impls, packed)
-
-
-def pack_in_place(weight: torch.Tensor) -> Packed | None:
-    """pack(weight), and the raw weight's memory freed where no row bucket reads it (every bucket runs a
-    packed copy): the weight's bytes once instead of twice. Its dtype stays, its elements go; call once,
-    after loading (engine/worker/model_loader.py). A weight that is also read elsewhere (a tied lm_head,
-    the embedding) must use `pack` instead."""
-    plan = pack(weight)
-    if plan is not None and "torch" not in plan.impls:
-        weight.data = weight.data.new_empty(0)
-    return plan
+    return _PLANS[key]
 
 
 def choose_impls(n: int, k: int, dtype: torch.dtype) -> tuple[str, ...]:

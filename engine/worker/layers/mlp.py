@@ -27,8 +27,13 @@ class GatedMLP(nn.Module):
         self.gate_up_packed: Packed | None = None
         self.down_packed: Packed | None = None
 
-    def pack_weights(self) -> None:
-        self.gate_up_packed, self.down_packed = pack_in_place(self.gate_up_weight), pack_in_place(self.down_weight)
+    def projection_weights(self) -> list[torch.Tensor]:
+        """The weights pack_weights packs."""
+        return [self.gate_up_weight, self.down_weight]
+
+    def pack_weights(self, one_copy: bool = False) -> None:
+        self.gate_up_packed = pack_in_place(self.gate_up_weight, one_copy)
+        self.down_packed = pack_in_place(self.down_weight, one_copy)
 
     def forward(self, x: torch.Tensor, lora: LoraBatch | None = None) -> torch.Tensor:  # (T, H) -> (T, H)
         gate_up = linear(x, self.gate_up_weight, self.gate_up_packed)  # (T, 2 I)

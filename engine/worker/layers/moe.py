@@ -70,17 +70,23 @@ class SparseMoE(nn.Module):
         self.down_packed: list[Packed | None] | None = None
         self.shared_packed: tuple[Packed | None, Packed | None] = (None, None)
 
-    def pack_weights(self) -> None:
+    def projection_weights(self) -> list[torch.Tensor]:
+        """The weights pack_weights packs: each expert's two, and the shared expert's."""
+        experts = [w[e] for w in (self.experts_gate_up, self.experts_down) for e in range(self.num_experts)]
+        shared = [self.shared_gate_up, self.shared_down] if self.shared_intermediate_size is not None else []
+        return experts + shared
+
+    def pack_weights(self, one_copy: bool = False) -> None:
         """Each expert's two products prepacked (engine/worker/layers/linear.py), as the dense MLP's: about
         2x faster at decode batches in bfloat16 (ops/bench/kernels/moe.py). Where no row bucket multiplies
         the raw weight (all experts share one plan: one shape), the 3-D parameter's elements are freed, as
         pack_in_place does: the experts' bytes once, not twice. Call once, after loading and sharding."""
-        self.gate_up_packed = [pack(self.experts_gate_up[e]) for e in range(self.num_experts)]
-        self.down_packed = [pack(self.experts_down[e]) for e in range(self.num_experts)]
+        self.gate_up_packed = [pack(self.experts_gate_up[e], one_copy) for e in range(self.num_experts)]
+        self.down_packed = [pack(self.experts_down[e], one_copy) for e in range(self.num_experts)]
         _free_if_unread(self.experts_gate_up, self.gate_up_packed)
         _free_if_unread(self.experts_down, self.down_packed)
         if self.shared_intermediate_size is not None:
-            self.shared_packed = (pack_in_place(self.shared_gate_up), pack_in_place(self.shared_down))
+            self.shared_packed = (pack_in_place(self.shared_gate_up, one_copy), pack_in_place(self.shared_down, one_copy))
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # (T, H) -> weights (T, k) f32, ids (T, k)
         logits = F.linear(x, self.router_weight)  # (T, E) in the model dtype, as transformers computes it

@@ -25,19 +25,24 @@ It knows nothing about requests, scheduling, sampling or tokenizers.
 
 from __future__ import annotations
 
+import logging
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.config import GiB
 from engine.worker.layers.attention import Attention, AttentionMetadata, PagedAttentionOp
 from engine.worker.layers.exact_logits import exact_near_max
-from engine.worker.layers.linear import Packed, linear, pack
+from engine.worker.layers.linear import Packed, linear, pack, second_copy_bytes
 from engine.worker.layers.mlp import GatedMLP
 from engine.worker.layers.moe import SparseMoE
 from engine.worker.layers.norm import RMSNorm
 from engine.worker.layers.rotary import RotaryEmbedding
 from engine.worker.lora.batch import LoraBatch
 from engine.worker.models.spec import ModelSpec
+
+log = logging.getLogger("pageserve.engine")
 
 
 class DecoderLayer(nn.Module):
@@ -117,16 +122,26 @@ class DecoderModel(nn.Module):
         """The embedding lookup (a tensor-parallel model overrides it: engine/worker/parallel/layers.py)."""
         return F.embedding(input_ids, self.embed)
 
-    def pack_weights(self) -> None:
+    def pack_weights(self, spare_bytes: int | None = None) -> None:
         """Prepack every projection once the weights are loaded and moved (engine/worker/layers/linear.py).
 
         lm_head too: its packed copy is extra memory for a tied model (one more embedding
         matrix), but the vocab product is the costliest shape and runs every step.
+        Second packed copies (a faster layout for some row counts) only where they all fit in
+        `spare_bytes` (None: no limit); else every weight on one layout. The same for every layer:
+        the C++ layer loop (engine/worker/native_layers.py) runs layer 0's plan for all of them.
         """
+        weights = [w for layer in self.layers for w in (*layer.attn.projection_weights(),
+                                                        *layer.mlp.projection_weights())] + [self.lm_head]
+        extra = sum(second_copy_bytes(w) for w in weights)
+        one_copy = spare_bytes is not None and extra > spare_bytes
+        if one_copy:
+            log.warning("weights packed on one layout each: the second copies that run some row counts faster "
+                        "need %.2f GiB, and %.2f GiB is free beside the KV cache", extra / GiB, max(spare_bytes, 0) / GiB)
         for layer in self.layers:
-            layer.attn.pack_weights()
-            layer.mlp.pack_weights()
-        self.lm_head_packed = pack(self.lm_head)
+            layer.attn.pack_weights(one_copy)
+            layer.mlp.pack_weights(one_copy)
+        self.lm_head_packed = pack(self.lm_head, one_copy)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # (N, H) float32 sampled rows -> (N, V) float32
         normed = self.norm(hidden)

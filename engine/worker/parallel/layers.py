@@ -35,8 +35,11 @@ class RowParallelOutput(nn.Module):
         super().__init__()
         self.inner, self.group = inner, group
 
-    def pack_weights(self) -> None:
-        self.inner.pack_weights()  # type: ignore[operator]
+    def projection_weights(self) -> list[torch.Tensor]:
+        return self.inner.projection_weights()  # type: ignore[operator,no-any-return]
+
+    def pack_weights(self, one_copy: bool = False) -> None:
+        self.inner.pack_weights(one_copy)  # type: ignore[operator]
 
     def forward(self, *args: Any) -> torch.Tensor:
         return self.group.all_reduce(self.inner(*args))

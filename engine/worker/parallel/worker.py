@@ -28,7 +28,7 @@ from engine.outputs import SchedulerOutput
 from engine.step_failures import EngineStateLost
 from engine.worker.input_batch import build_step_inputs, order_chunks
 from engine.worker.kv_cache import CacheLayout, KVCache
-from engine.worker.model_loader import DTYPES, load_model
+from engine.worker.model_loader import DTYPES, load_model, memory_reserve
 from engine.worker.model_runner import ModelRunner
 from engine.worker.models.architectures import read_spec
 from engine.worker.parallel.group import RankGroup
@@ -53,7 +53,8 @@ class WorkerSpec:
 
 def build_rank_runner(config: EngineConfig, plan: ShardPlan, group: RankGroup) -> ModelRunner:
     """This rank's shard, KV pool and runner (rank 0's EngineCore builds its own the same way)."""
-    loaded = load_model(config.model, shard=lambda full: shard_model(full, plan, group))
+    loaded = load_model(config.model, shard=lambda full: shard_model(full, plan, group),
+                        reserve_bytes=memory_reserve(config.cache), ranks=config.tensor_parallel_size)
     layout = local_layout(CacheLayout.from_budget(config.cache, loaded.shape, DTYPES[loaded.dtype]), plan)
     backend = select_backend(config.attention_backend, config.model.device)
     kv_cache = KVCache(layout, config.model.device, backend.copy_blocks)

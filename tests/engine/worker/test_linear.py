@@ -77,3 +77,26 @@ def test_packing_in_place_frees_a_raw_weight_no_bucket_reads(impl: str, monkeypa
         x = torch.randn(rows, 24)
         torch.testing.assert_close(linear.linear(x, weight, plan, bias), F.linear(x, original, bias))
 
+
+
+def test_one_layout_keeps_the_layout_most_buckets_use() -> None:
+    assert linear.one_layout(("panel", "panel", "onednn", "onednn", "onednn", "onednn")) == ("onednn",) * 6
+    # amx multiplies panel's copy: panel's layout serves 3 buckets, its most-picked implementation the rest
+    assert linear.one_layout(("amx", "amx", "panel", "onednn", "onednn", "torch")) == (
+        "amx", "amx", "panel", "amx", "amx", "amx")
+    assert linear.one_layout(("torch", "torch", "onednn", "onednn", "torch", "onednn")) == ("onednn",) * 6
+
+
+def test_a_weight_packed_on_one_layout_costs_one_copy_and_multiplies_the_same(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    packed = [c for c in linear.candidates(torch.float32) if c != "torch"]
+    if not packed:
+        pytest.skip("no packed product on this host: one layout is all there is")
+    monkeypatch.setattr(linear, "choose_impls", lambda n, k, dtype: ("torch",) * 2 + (packed[0],) * 4)
+    weight = torch.randn(40, 24)
+    assert linear.second_copy_bytes(weight) == weight.nbytes
+    plan = linear.pack(weight, one_copy=True)
+    assert plan is not None and set(plan.impls) == {packed[0]} and set(plan.packed) == {packed[0]}
+    for rows in (1, 300):
+        x = torch.randn(rows, 24)
+        torch.testing.assert_close(linear.linear(x, weight, plan), F.linear(x, weight))
