@@ -29,6 +29,7 @@ from engine.request import Request
 from engine.scheduling.scheduler import Scheduler, SchedulerStats
 from engine.serving.step_stats import CoreCounts
 from engine.step_failures import RequestsFailed, is_fatal
+from engine.worker import host_allocator
 from engine.worker.decode_graphs import DecodeGraphs, bucket_sizes
 from engine.worker.kernel_warmup import warm_up_lora, warm_up_triton
 from engine.worker.kv_cache import CacheLayout, KVCache
@@ -129,6 +130,7 @@ class EngineCore:
         """The HF folder (`LLM` and the benchmarks load the tokenizer from it); engine-local, never sent."""
         self.dtype: str = loaded.dtype
         """The dtype it runs in ("auto" resolved)."""
+        host_allocator.return_freed_memory()  # what loading freed, before the first step
 
     def _set_up_lora(self, config: EngineConfig, spec: ModelSpec, dtype: torch.dtype, max_step_tokens: int) -> None:
         self.loras = self._lora_registry(config, spec, dtype)

@@ -37,6 +37,7 @@ from engine.config import CacheConfig, EngineConfig, GiB, ModelConfig
 from engine.core import EngineCore
 from engine.request import Request
 from engine.scheduling.config import SchedulerConfig
+from engine.worker import host_allocator
 from ops.bench.peer_table import print_peer_table
 from ops.bench.step_profile import format_profile, profile_steps
 from ops.bench.vllm_peer import PeerResult, run_offline
@@ -212,6 +213,7 @@ def main(argv: list[str]) -> int:
         core.close()
         core = None
         gc.collect()
+        host_allocator.return_freed_memory()  # else this process keeps GiBs of freed heap beside the peer
     for caching in settings:
         peer = run_offline(args.vllm_python, model_path, args.dtype, w, caching, threads=args.threads)
         print(f"  {peer.name}: " + (peer.error or f"{peer.seconds:.1f}s, {peer.tok_s:.1f} output tok/s"), flush=True)

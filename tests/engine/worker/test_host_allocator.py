@@ -73,3 +73,37 @@ def test_the_environment_switch_leaves_glibc_as_it_was() -> None:
 def test_building_a_model_runner_sets_it() -> None:
     """Every process that runs a model gets it through the runner, so no entry point can forget it."""
     assert _probe(None, "runner") == (1, 0)
+
+
+TRIM_PROBE = textwrap.dedent("""
+    import ctypes, ctypes.util, sys
+    from engine.worker import host_allocator
+
+    host_allocator.keep_freed_buffers()  # the engine's settings: a freed top under 1 GiB is kept
+    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+
+    def anon_mib():
+        return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("RssAnon")) // 1024
+
+    blocks = [libc.malloc(4 << 20) for _ in range(100)]  # 400 MiB of heap, as a load's weights and copies
+    for p in blocks:
+        ctypes.memset(p, 1, 4 << 20)
+    for p in blocks[::2]:
+        libc.free(p)  # every other one freed: holes between blocks in use, no free top to trim
+    before = anon_mib()
+    returned = host_allocator.return_freed_memory() if sys.argv[1] == "trim" else False
+    print(int(returned), before - anon_mib())
+""")
+
+
+@pytest.mark.skipif(not _glibc(), reason="malloc_trim is glibc's")
+@pytest.mark.parametrize("how", ["trim", "keep"])
+def test_freed_memory_between_live_blocks_goes_back_to_the_system(how: str) -> None:
+    out = subprocess.run([sys.executable, "-c", TRIM_PROBE, how], capture_output=True, text=True, check=True)
+    returned, mib = map(int, out.stdout.split())
+    if how == "trim":
+        assert returned == 1 and mib >= 150, out.stdout  # ~200 MiB of holes
+    else:
+        assert returned == 0 and mib < 20, out.stdout  # without it the holes stay resident
