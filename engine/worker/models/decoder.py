@@ -137,7 +137,9 @@ class DecoderModel(nn.Module):
         one_copy = spare_bytes is not None and extra > spare_bytes
         if one_copy:
             log.warning("weights packed on one layout each: the second copies that run some row counts faster "
-                        "need %.2f GiB, and %.2f GiB is free beside the KV cache", extra / GiB, max(spare_bytes, 0) / GiB)
+                        "need %.2f GiB, and %.2f GiB is free beside the KV pools and the steps' headroom (decode "
+                        "steps of a few streams may run up to ~1.8x slower: a smaller --kv-cache-memory or "
+                        "--swap-space leaves room for them)", extra / GiB, max(spare_bytes, 0) / GiB)
         for layer in self.layers:
             layer.attn.pack_weights(one_copy)
             layer.mlp.pack_weights(one_copy)
