@@ -39,7 +39,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         prefill_backlog_drain_s=getattr(args, "prefill_backlog_drain", 0.0),
         ttft_target_s=getattr(args, "ttft_target_ms", 0.0) / 1000,
         itl_target_s=getattr(args, "itl_target_ms", 0.0) / 1000,
-        ttft_stall_limit=getattr(args, "ttft_stall_limit", 0.0),
+        ttft_stall_limit=getattr(args, "ttft_stall_limit", SchedulerConfig.ttft_stall_limit),
         max_loras=getattr(args, "max_loras", 4),
     )  # max_model_len: EngineCore derives the scheduler's from the model's and --max-model-len
     return EngineConfig(model=model, cache=cache, scheduler=scheduler, attention_backend=args.attention_backend,

@@ -17,6 +17,7 @@ from collections.abc import Iterator, Mapping
 
 import zmq
 
+from engine.scheduling.config import SchedulerConfig
 from engine.scheduling.slo import LIFT_STALL
 from engine.serving.announce import add_announce_args, announced
 from engine.serving.server import EngineServer, ServerConfig
@@ -129,7 +130,7 @@ def add_serving_args(p: argparse.ArgumentParser) -> None:
                    help="the longest step the queue's floors or a TTFT deadline may plan while streams generate "
                         "(2x a decode step where that is longer); when both targets cannot be met this wins "
                         "(0: no bound)")
-    p.add_argument("--ttft-stall-limit", type=float, default=0.0,
+    p.add_argument("--ttft-stall-limit", type=float, default=SchedulerConfig.ttft_stall_limit,
                    help="smoother streams for later first tokens: a step lifted for a TTFT deadline routinely takes "
                         f"at most this many decode steps, only a few a minute up to --itl-target-ms (e.g. {LIFT_STALL}: "
                         "p99 gaps about 3x the median; 0: off, deadlines lift steps up to --itl-target-ms)")

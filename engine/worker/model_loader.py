@@ -94,8 +94,9 @@ def memory_reserve(cache: CacheConfig) -> int:
 def _spare_bytes(reserve_bytes: int | None, ranks: int) -> int | None:
     """This process's share of the memory left beyond the reserve, measured now (the weights are loaded);
     None: no limit (none asked, or the host's memory cannot be read)."""
-    available = None if reserve_bytes is None else available_bytes()
-    return None if available is None or reserve_bytes is None else (available - reserve_bytes) // ranks
+    if reserve_bytes is None or (available := available_bytes()) is None:
+        return None
+    return (available - reserve_bytes) // ranks
 
 
 def _eos_token_id(files: ModelFiles) -> int | None:

@@ -19,7 +19,8 @@ Two layouts, one per adapter, never both (an adapter's bytes are held once):
     tensor), and the entry table (the kernel's per layer and projection record of their addresses and
     ranks): a step only stacks its adapters' tables. A 50 MB float32 adapter, cold from disk, loads in
     about 55 ms of the reader's time (6 of them in C, the buffer's pages faulted in beside the disk read:
-    prefaulted_pages.py), a median of 79-83 ms through a busy engine where PyTorch's packing took 178 ms (`pageserve bench lora-load`, Zen 4, 2 vCPUs).
+    prefaulted_pages.py), a median of 79-83 ms through a busy engine where PyTorch's packing took 178 ms
+    (`pageserve bench lora-load`, Zen 4, 2 vCPUs).
   - CUDA, or no CPU kernel, or `packed=False` (tests' reference): the plain A and B (ProjectionLora.a,
     LoraSlice.b), which batch.py's PyTorch products and device_weights.py's slots read.
 

@@ -42,7 +42,7 @@ class _Plan:
     """Parts of the buffer handed out in order, and the jobs that fill them."""
 
     def __init__(self, dtype: torch.dtype) -> None:
-        self.dtype, self.item = dtype, torch.tensor([], dtype=dtype).element_size()
+        self.dtype, self.item = dtype, dtype.itemsize
         self.used = 0  # elements
         self.jobs: list[list[int]] = []
         self.parts: list[tuple[int, tuple[int, ...]]] = []
@@ -105,6 +105,6 @@ def pack_projections(data: torch.Tensor, projections: Sequence[dict[str, list[Ta
 def _own_mapping(numel: int, dtype: torch.dtype, pages: Pages | None = None) -> torch.Tensor:
     """(numel,) of `dtype` on pages of its own (prefaulted_pages.py: never malloc's heap), returned to the system
     when the adapter's last view goes: `pages` where they are enough, else fresh ones."""
-    nbytes = numel * torch.tensor([], dtype=dtype).element_size()
+    nbytes = numel * dtype.itemsize
     taken = pages.take(nbytes) if pages is not None else None
     return (taken if taken is not None else mapped(nbytes)[:nbytes]).view(dtype)

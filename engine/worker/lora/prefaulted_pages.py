@@ -28,13 +28,18 @@ _FAILED = ctypes.c_void_p(-1).value
 PAGE = mmap.PAGESIZE
 
 
+def whole_pages(nbytes: int) -> int:
+    """nbytes rounded up to whole pages, at least one (what a mapping of nbytes takes)."""
+    return max(PAGE, math.ceil(nbytes / PAGE) * PAGE)
+
+
 def mapped(nbytes: int) -> torch.Tensor:
     """(nbytes rounded up to whole pages,) uint8 on anonymous pages of its own, page aligned, unmapped when its
     last view goes; faulted in on first touch. Not malloc: the engine keeps malloc's freed memory for a step's
     temporaries (engine/worker/host_allocator.py: up to 32 MiB from the heap), and a 25 MB adapter buffer left
     on that heap slowed the running streams' steps for good (baseline p99 inter-token latency 24 -> 700-1,300
     ms, `pageserve bench lora-load`, Zen 4); on their own pages they run as before any load."""
-    return torch.frombuffer(mmap.mmap(-1, max(PAGE, math.ceil(nbytes / PAGE) * PAGE)), dtype=torch.uint8)
+    return torch.frombuffer(mmap.mmap(-1, whole_pages(nbytes)), dtype=torch.uint8)
 
 
 class Pages:
@@ -42,7 +47,7 @@ class Pages:
     a tensor that unmaps them when its last view goes, or `release` them unused."""
 
     def __init__(self, nbytes: int) -> None:
-        self.size = max(PAGE, math.ceil(nbytes / PAGE) * PAGE)
+        self.size = whole_pages(nbytes)
         self._address: int | None = None
         self._thread = threading.Thread(target=self._map, name="lora-pages", daemon=True)
         self._thread.start()
@@ -59,7 +64,7 @@ class Pages:
         address, self._address = self._address, None
         if address is None:
             return None
-        used = max(PAGE, math.ceil(nbytes / PAGE) * PAGE)
+        used = whole_pages(nbytes)
         if used > self.size:
             _libc.munmap(address, self.size)
             return None
